@@ -1,0 +1,41 @@
+"""Exceptions of sekv_gguf. Every error names the argument or limit at fault."""
+
+from __future__ import annotations
+
+
+class SekvError(RuntimeError):
+    """Base class of sekv_gguf errors."""
+
+
+class HookError(SekvError):
+    """A KV hook call failed; ``code`` is the SEKV_ERR_* status, ``function`` the C entry point."""
+
+    def __init__(self, function: str, code: int, message: str):
+        self.function = function
+        self.code = code
+        self.message = message
+        super().__init__(f"{function}: {message}")
+
+
+class UnsupportedModelError(HookError):
+    """The context's memory cannot be hooked (recurrent, hybrid, M-RoPE, MLA, shared cells, ...)."""
+
+
+class HookIndexError(HookError, IndexError):
+    """A layer, cell or sequence index is out of range."""
+
+
+class HookValueError(HookError, ValueError):
+    """An argument has a wrong size, value or position, or a cell is in the wrong state."""
+
+
+class HookStateError(HookError):
+    """A hook feature (bias, query capture) is used while switched off."""
+
+
+class NativeError(SekvError, ValueError):
+    """A native-module call was handed a size or index it cannot accept."""
+
+
+class ModelError(SekvError):
+    """A model file cannot be used (missing, corrupt, unsupported architecture)."""

@@ -1,0 +1,241 @@
+"""The owning layer over the KV hook: one ``KVHook`` per ``llama_context``, numpy in and out, exceptions for errors.
+
+Works on any context: one created by ``llama_cpp.Llama`` (``KVHook.from_llama``) or one this package creates
+(``sekv_gguf.session.Session``). The hook acts on the context's attention cache; for iSWA models the base
+(global-layer) cache only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _hook_api as api
+from .errors import HookError, HookIndexError, HookStateError, HookValueError, UnsupportedModelError
+
+GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
+
+# element dtype of rows whose type is addressable per element; other (block-quantized) types come back as bytes
+_ROW_DTYPES = {GGML_TYPE_F32: np.dtype(np.float32), GGML_TYPE_F16: np.dtype(np.float16)}
+
+_ERROR_CLASSES: dict[int, type[HookError]] = {
+    api.SEKV_ERR_NULL: HookValueError,
+    api.SEKV_ERR_UNSUPPORTED: UnsupportedModelError,
+    api.SEKV_ERR_LAYER: HookIndexError,
+    api.SEKV_ERR_CELL: HookIndexError,
+    api.SEKV_ERR_SEQ: HookIndexError,
+    api.SEKV_ERR_POS: HookValueError,
+    api.SEKV_ERR_CELL_BUSY: HookValueError,
+    api.SEKV_ERR_CELL_NOT_SEQ: HookValueError,
+    api.SEKV_ERR_SIZE: HookValueError,
+    api.SEKV_ERR_TYPE: HookValueError,
+    api.SEKV_ERR_VALUE: HookValueError,
+    api.SEKV_ERR_STATE: HookStateError,
+    api.SEKV_ERR_INTERNAL: HookError,
+}
+
+
+def check(function: str, rc: int) -> int:
+    """Return ``rc`` if it is not an error code, else raise the matching ``HookError`` with the hook's message."""
+    if rc >= 0:
+        return rc
+    message = (api.sekv_last_error() or b"").decode("utf-8", "replace") or f"error {rc}"
+    raise _ERROR_CLASSES.get(rc, HookError)(function, rc, message)
+
+
+@dataclass(frozen=True)
+class KVInfo:
+    """The hooked cache (``struct sekv_kv_info``)."""
+
+    n_layer_kv: int
+    n_layer_model: int
+    kv_size: int
+    n_stream: int
+    type_k: int
+    type_v: int
+    v_trans: bool
+    rot_k: bool
+    rot_v: bool
+    is_iswa: bool
+    flash_attn: bool
+    n_swa: int
+    swa_kv_size: int
+    kv_bytes: int
+    swa_kv_bytes: int
+
+    @property
+    def bytes_per_cell(self) -> int:
+        """K+V bytes of one cell over all hooked layers."""
+        return self.kv_bytes // self.kv_size
+
+
+@dataclass(frozen=True)
+class KVLayer:
+    """One hooked layer (``struct sekv_kv_layer``)."""
+
+    ikv: int
+    il: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    k_row_bytes: int
+    v_row_bytes: int
+
+
+def _i32(values: Any, name: str) -> np.ndarray:
+    arr = np.ascontiguousarray(np.asarray(values).reshape(-1))
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{name} must be integers, got {arr.dtype}")
+    if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
+        raise HookValueError("sekv", api.SEKV_ERR_SIZE, f"{name} has values outside int32")
+    return arr.astype(np.int32, copy=False)
+
+
+def _ptr(arr: np.ndarray, ctype: Any = ctypes.c_int32) -> Any:
+    return arr.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+class KVHook:
+    """Read, write and re-cell the KV cache of one ``llama_context``.
+
+    ``ctx`` is the raw ``llama_context *`` (an int, as ``llama_cpp.Llama.ctx``); ``owner`` is kept alive as long
+    as the hook, since the context must outlive it.
+    """
+
+    def __init__(self, ctx: int, owner: object | None = None):
+        if not ctx:
+            raise HookValueError("KVHook", api.SEKV_ERR_NULL, "ctx is NULL")
+        version = api.sekv_api_version()
+        if version != api.SEKV_API_VERSION:
+            raise HookError("KVHook", api.SEKV_ERR_INTERNAL,
+                            f"libllama hook API {version}, sekv_gguf expects {api.SEKV_API_VERSION}: rebuild with "
+                            "scripts/setup.sh")
+        self.ctx = ctx
+        self._owner = owner
+        self.info = self._get_info()
+        self.layers = [self._get_layer(ikv) for ikv in range(self.info.n_layer_kv)]
+
+    @classmethod
+    def from_llama(cls, llm: Any) -> "KVHook":
+        """The hook of a ``llama_cpp.Llama``'s own context (no model reload)."""
+        return cls(llm.ctx, owner=llm)
+
+    # -- info --------------------------------------------------------------------------------------------------
+
+    def _get_info(self) -> KVInfo:
+        out = api.sekv_kv_info()
+        check("sekv_kv_get_info", api.sekv_kv_get_info(self.ctx, ctypes.byref(out)))
+        return KVInfo(**{name: (bool(getattr(out, name)) if KVInfo.__dataclass_fields__[name].type == "bool"
+                                else int(getattr(out, name))) for name, _ in api.sekv_kv_info._fields_})
+
+    def _get_layer(self, ikv: int) -> KVLayer:
+        out = api.sekv_kv_layer()
+        check("sekv_kv_get_layer", api.sekv_kv_get_layer(self.ctx, ikv, ctypes.byref(out)))
+        return KVLayer(ikv=ikv, **{name: int(getattr(out, name)) for name, _ in api.sekv_kv_layer._fields_})
+
+    @property
+    def model_layers(self) -> list[int]:
+        """Model layer index of each hooked layer."""
+        return [layer.il for layer in self.layers]
+
+    # -- cells -------------------------------------------------------------------------------------------------
+
+    def cells_pos(self, seq: int = 0) -> np.ndarray:
+        """int32 [kv_size]: the position of each cell of ``seq``, -1 for empty cells, -2 for other sequences'."""
+        out = np.empty(self.info.kv_size, dtype=np.int32)
+        check("sekv_kv_cells_pos", api.sekv_kv_cells_pos(self.ctx, seq, _ptr(out), out.size))
+        return out
+
+    def claim(self, cells: Any, pos: Any, seq: int = 0) -> None:
+        """Make empty ``cells`` belong to ``seq`` at ``pos`` (each at most the sequence's maximum position)."""
+        c, p = _i32(cells, "cells"), _i32(pos, "pos")
+        if c.size != p.size:
+            raise HookValueError("sekv_kv_claim", api.SEKV_ERR_SIZE,
+                                 f"{c.size} cells but {p.size} positions")
+        check("sekv_kv_claim", api.sekv_kv_claim(self.ctx, seq, _ptr(c), _ptr(p), c.size))
+
+    def release(self, cells: Any, seq: int = 0) -> None:
+        """Remove ``seq`` from ``cells``; their rows stay in the tensors but are masked."""
+        c = _i32(cells, "cells")
+        check("sekv_kv_release", api.sekv_kv_release(self.ctx, seq, _ptr(c), c.size))
+
+    # -- rows --------------------------------------------------------------------------------------------------
+
+    def _row_shape(self, layer: KVLayer, n: int) -> tuple[tuple[Any, tuple[int, ...]], tuple[Any, tuple[int, ...]]]:
+        def one(type_: int, row_bytes: int, head_dim: int) -> tuple[Any, tuple[int, ...]]:
+            dtype = _ROW_DTYPES.get(type_)
+            if dtype is None:
+                return np.dtype(np.uint8), (n, row_bytes)
+            return dtype, (n, layer.n_head_kv, head_dim)
+
+        return (one(self.info.type_k, layer.k_row_bytes, layer.head_dim_k),
+                one(self.info.type_v, layer.v_row_bytes, layer.head_dim_v))
+
+    def get_rows(self, ikv: int, cells: Any, seq: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """K and V rows of ``cells`` in layer ``ikv``: [n, n_head_kv, head_dim] in the cache type (raw bytes
+        [n, row_bytes] for block-quantized types)."""
+        layer = self._layer(ikv, "sekv_kv_get_rows")
+        c = _i32(cells, "cells")
+        (dk, sk), (dv, sv) = self._row_shape(layer, c.size)
+        k, v = np.empty(sk, dtype=dk), np.empty(sv, dtype=dv)
+        check("sekv_kv_get_rows", api.sekv_kv_get_rows(self.ctx, seq, ikv, _ptr(c), c.size,
+                                                       k.ctypes.data, k.nbytes, v.ctypes.data, v.nbytes))
+        return k, v
+
+    def set_rows(self, ikv: int, cells: Any, k: np.ndarray, v: np.ndarray, seq: int = 0) -> None:
+        """Write K and V rows (shaped as ``get_rows`` returns them, or any shape of the same bytes)."""
+        layer = self._layer(ikv, "sekv_kv_set_rows")
+        c = _i32(cells, "cells")
+        (dk, _), (dv, _) = self._row_shape(layer, c.size)
+        kb = np.ascontiguousarray(k, dtype=dk)
+        vb = np.ascontiguousarray(v, dtype=dv)
+        check("sekv_kv_set_rows", api.sekv_kv_set_rows(self.ctx, seq, ikv, _ptr(c), c.size,
+                                                       kb.ctypes.data, kb.nbytes, vb.ctypes.data, vb.nbytes))
+
+    def _layer(self, ikv: int, function: str) -> KVLayer:
+        if not 0 <= ikv < len(self.layers):
+            raise HookIndexError(function, api.SEKV_ERR_LAYER,
+                                 f"KV layer index {ikv} out of range [0, {len(self.layers)})")
+        return self.layers[ikv]
+
+    # -- per-layer bias ----------------------------------------------------------------------------------------
+
+    def enable_bias(self, on: bool = True) -> None:
+        """Switch the per-layer cell bias on (all zeros) or off. Toggling rebuilds the graph on the next decode."""
+        check("sekv_bias_enable", api.sekv_bias_enable(self.ctx, int(on)))
+
+    def set_bias(self, ikv: int, bias: Any) -> None:
+        """Bias [kv_size] of layer ``ikv`` (-1: every layer); finite values or -inf."""
+        b = np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+        check("sekv_bias_set_layer", api.sekv_bias_set_layer(self.ctx, ikv, _ptr(b, ctypes.c_float), b.size))
+
+    def set_bias_cells(self, ikv: int, cells: Any, values: Any) -> None:
+        """Bias of some cells of layer ``ikv`` (-1: every layer)."""
+        c = _i32(cells, "cells")
+        v = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float32), c.shape))
+        check("sekv_bias_set_cells", api.sekv_bias_set_cells(self.ctx, ikv, _ptr(c), _ptr(v, ctypes.c_float), c.size))
+
+    def get_bias(self, ikv: int) -> np.ndarray:
+        """float32 [kv_size]: the bias of layer ``ikv``."""
+        out = np.empty(self.info.kv_size, dtype=np.float32)
+        check("sekv_bias_get_layer", api.sekv_bias_get_layer(self.ctx, ikv, _ptr(out, ctypes.c_float), out.size))
+        return out
+
+    # -- query capture -----------------------------------------------------------------------------------------
+
+    def enable_query_capture(self, on: bool = True) -> None:
+        """Capture every hooked layer's query of the last token of each decode (takes effect from the next one)."""
+        check("sekv_qcap_enable", api.sekv_qcap_enable(self.ctx, int(on)))
+
+    def query(self, ikv: int) -> np.ndarray:
+        """float32 [n_head, head_dim_k]: layer ``ikv``'s captured query times kq_scale, so that the attention logit of
+        a cell is ``query[h] @ k_row[h // (n_head // n_head_kv)]`` before mask and bias."""
+        layer = self._layer(ikv, "sekv_qcap_get")
+        out = np.empty((layer.n_head, layer.head_dim_k), dtype=np.float32)
+        check("sekv_qcap_get", api.sekv_qcap_get(self.ctx, ikv, _ptr(out, ctypes.c_float), out.size))
+        return out

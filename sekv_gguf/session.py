@@ -1,0 +1,190 @@
+"""A llama.cpp model + context driven with explicit positions (llama-cpp-python's ``Llama`` caps positions at n_ctx).
+
+``Session.open(path)`` loads a model; ``Session.from_llama(llm)`` adds a context to the model a ``llama_cpp.Llama``
+already holds (no reload). Either way the session owns its context, decodes token chunks at given positions and
+exposes the KV hook of that context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import llama_cpp
+import llama_cpp._internals as _internals
+import llama_cpp._logger as _llama_logger
+
+from .config import KV_TYPES, ContextConfig
+from .errors import ModelError, SekvError
+from .hook import KVHook
+
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf_file(path: str | Path) -> Path:
+    """The path, if it names a readable GGUF file; else a ``ModelError`` that says what is wrong."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"model file not found: {p}")
+    if not p.is_file():
+        raise ModelError(f"model path is not a file: {p}")
+    with p.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"{p} is not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+    return p
+
+
+class Session:
+    """One llama_context (sequence 0) with explicit-position decoding and its ``KVHook``."""
+
+    def __init__(self, model: _internals.LlamaModel, config: ContextConfig, owner: object | None = None):
+        self.config = config
+        self.model = model
+        self._owner = owner
+        _llama_logger.set_verbose(config.verbose)
+
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = config.n_ctx
+        params.n_batch = config.n_batch
+        params.n_ubatch = config.n_ubatch
+        params.n_seq_max = 1
+        params.n_threads = config.threads
+        params.n_threads_batch = config.threads
+        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn
+                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.swa_full = config.swa_full
+        params.type_k = KV_TYPES[config.type_k]
+        params.type_v = KV_TYPES[config.type_v]
+        params.no_perf = True
+        try:
+            self.context = _internals.LlamaContext(model=model, params=params, verbose=config.verbose)
+        except ValueError as e:
+            raise SekvError(f"llama.cpp could not create a context with {config}: {e}") from e
+
+        self.n_batch = llama_cpp.llama_n_batch(self.context.ctx)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        # views over the batch arrays; every token is in sequence 0
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
+        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(self.n_batch,))[:] = 1
+        for i in range(self.n_batch):
+            self._batch.seq_id[i][0] = 0
+        self._hook: KVHook | None = None
+
+    # -- construction ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | Path, config: ContextConfig | None = None) -> "Session":
+        """Load the GGUF model at ``path`` and create a context for it."""
+        config = config or ContextConfig()
+        p = check_gguf_file(path)
+        _llama_logger.set_verbose(config.verbose)
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers
+        try:
+            model = _internals.LlamaModel(path_model=str(p), params=mparams, verbose=config.verbose)
+        except ValueError as e:
+            raise ModelError(f"llama.cpp could not load {p} (corrupt file or unsupported architecture): {e}") from e
+        return cls(model, config)
+
+    @classmethod
+    def from_llama(cls, llm: Any, config: ContextConfig | None = None) -> "Session":
+        """A new context on the model of a ``llama_cpp.Llama`` (the model is shared, not reloaded)."""
+        return cls(llm._model, config or ContextConfig(), owner=llm)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        self._hook = None
+        self.context.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- properties --------------------------------------------------------------------------------------------
+
+    @property
+    def ctx(self) -> int:
+        """The raw ``llama_context *``."""
+        return self.context.ctx
+
+    @property
+    def hook(self) -> KVHook:
+        if self._hook is None:
+            self._hook = KVHook(self.ctx, owner=self)
+        return self._hook
+
+    @property
+    def memory(self) -> Any:
+        return self.context.memory
+
+    def pos_max(self, seq: int = 0) -> int:
+        """Largest position of ``seq`` in the memory (-1 when empty); the next token goes at ``pos_max() + 1``."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))
+
+    def clear(self) -> None:
+        """Empty the KV cache."""
+        llama_cpp.llama_memory_clear(self.memory, True)
+
+    # -- text --------------------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.model.detokenize(list(tokens)).decode("utf-8", "replace")
+
+    # -- decoding ----------------------------------------------------------------------------------------------
+
+    def decode(self, tokens: Sequence[int], pos0: int | None = None,
+               logits: Literal["last", "all", "none"] = "last") -> np.ndarray | None:
+        """Decode ``tokens`` at positions ``pos0, pos0+1, ...`` (default: after the newest one), in chunks of n_batch.
+
+        Returns float32 logits: [n_vocab] for the last token, [n, n_vocab] for all, or None.
+        """
+        toks = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        if toks.size == 0:
+            raise ValueError("decode: no tokens")
+        if toks.min() < 0 or toks.max() >= self.n_vocab:
+            raise ValueError(f"decode: token ids must be in [0, {self.n_vocab})")
+        start = self.pos_max() + 1 if pos0 is None else int(pos0)
+        rows: list[np.ndarray] = []
+        for c0 in range(0, toks.size, self.n_batch):
+            chunk = toks[c0:c0 + self.n_batch]
+            n = chunk.size
+            self._tok[:n] = chunk
+            self._pos[:n] = np.arange(start + c0, start + c0 + n, dtype=np.int32)
+            self._out[:n] = 1 if logits == "all" else 0
+            if logits == "last" and c0 + n == toks.size:
+                self._out[n - 1] = 1
+            self._batch.n_tokens = n
+            rc = llama_cpp.llama_decode(self.ctx, self._batch)
+            if rc != 0:
+                raise SekvError(f"llama_decode returned {rc} at positions {start + c0}..{start + c0 + n - 1}"
+                                + (" (no free KV cell: the cache is full)" if rc == 1 else ""))
+            if logits == "all":
+                ptr = llama_cpp.llama_get_logits(self.ctx)
+                rows.append(np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy())
+        if logits == "none":
+            return None
+        if logits == "all":
+            return np.concatenate(rows, axis=0)
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def synchronize(self) -> None:
+        llama_cpp.llama_synchronize(self.ctx)
+
+
+def logits_ptr_to_array(ptr: Any, n_vocab: int) -> np.ndarray:
+    """float32 copy of ``n_vocab`` logits behind a ctypes pointer."""
+    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,)).copy()
