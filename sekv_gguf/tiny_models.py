@@ -127,6 +127,10 @@ def _write(path: Path, arch: str, spec: TinySpec, gemma: bool) -> Path:
     w.add_rope_dimension_count(spec.head_dim)
     w.add_rope_freq_base(spec.rope_base)
     w.add_layer_norm_rms_eps(spec.rms_eps)
+    if arch == "qwen2vl":
+        # M-RoPE: the rotary pairs are split between (time, height, width, extra) position sections
+        half = spec.head_dim // 2
+        w.add_rope_dimension_sections([half - half // 2, half // 2, 0, 0])
     if gemma:
         w.add_sliding_window(spec.swa_window)
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", spec.swa_pattern)
@@ -148,6 +152,11 @@ def write_tiny_llama(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
 def write_tiny_gemma3(path: str | Path, spec: TinySpec = TinySpec(n_layer=6, n_head_kv=1, head_dim=32)) -> Path:
     """A tiny Gemma-3-like iSWA GGUF at ``path``: layer il is global when (il + 1) % swa_pattern == 0."""
     return _write(Path(path), "gemma3", spec, gemma=True)
+
+
+def write_tiny_mrope(path: str | Path, spec: TinySpec = TinySpec(n_head_kv=4)) -> Path:
+    """A tiny Qwen2-VL-like GGUF (M-RoPE positions): a model whose KV cells carry extra data, which the hook refuses."""
+    return _write(Path(path), "qwen2vl", spec, gemma=False)
 
 
 def tiny_weights(spec: TinySpec, gemma: bool = False) -> dict[str, np.ndarray]:

@@ -38,14 +38,17 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool) -> np.ndarray
     return out
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, allowed: np.ndarray) -> np.ndarray:
-    # q: [n, H, d], k/v: [n, Hkv, d], allowed: [n, n] bool -> [n, H*d]
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, allowed: np.ndarray,
+            bias: np.ndarray | None) -> np.ndarray:
+    # q: [n, H, d], k/v: [n, Hkv, d], allowed: [n, n] bool, bias: [n, n] or None -> [n, H*d]
     n, n_head, d = q.shape
     group = n_head // k.shape[1]
     out = np.empty((n, n_head, d))
     for h in range(n_head):
         s = (q[:, h, :] @ k[:, h // group, :].T) * scale  # [n, n]
         s = np.where(allowed, s, -np.inf)
+        if bias is not None:
+            s = s + bias
         p = np.exp(s - s.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         out[:, h, :] = p @ v[:, h // group, :]
@@ -56,9 +59,12 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def forward(weights: dict[str, np.ndarray], spec: TinySpec, tokens: list[int], gemma: bool = False
-            ) -> tuple[list[LayerTrace], np.ndarray]:
-    """Per-layer traces and the logits [n_tok, n_vocab] of ``tokens`` at positions 0..n-1."""
+def forward(weights: dict[str, np.ndarray], spec: TinySpec, tokens: list[int], gemma: bool = False,
+            last_row_bias: dict[int, np.ndarray] | None = None) -> tuple[list[LayerTrace], np.ndarray]:
+    """Per-layer traces and the logits [n_tok, n_vocab] of ``tokens`` at positions 0..n-1.
+
+    ``last_row_bias[il]`` [n_tok] is added to layer il's attention scores of the last token (after scaling).
+    """
     w = {name: a.astype(np.float64) for name, a in weights.items()}
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)
@@ -88,7 +94,11 @@ def forward(weights: dict[str, np.ndarray], spec: TinySpec, tokens: list[int], g
             k = _rope(k, pos, spec.rope_base, neox=False)
             scale = 1.0 / np.sqrt(dh)
         traces.append(LayerTrace(q=q, k=k, v=v, kq_scale=scale))
-        a = _attend(q, k, v, scale, allowed) @ w[b + "attn_output.weight"].T
+        bias = None
+        if last_row_bias is not None and il in last_row_bias:
+            bias = np.zeros((n, n))
+            bias[-1] = last_row_bias[il]
+        a = _attend(q, k, v, scale, allowed, bias) @ w[b + "attn_output.weight"].T
         if gemma:
             a = _rms(a, w[b + "post_attention_norm.weight"], eps)
         x = x + a

@@ -1,0 +1,100 @@
+"""Shared fixtures: tiny random-weight GGUF models (written once per session) and the real Gemma 3 270M."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from sekv_gguf.config import ContextConfig
+from sekv_gguf.session import Session
+from sekv_gguf.tiny_models import TinySpec, write_tiny_gemma3, write_tiny_llama, write_tiny_mrope
+
+LLAMA_SPEC = TinySpec()
+GEMMA_SPEC = TinySpec(n_layer=6, n_head_kv=1, head_dim=32)
+
+# Same cells visited in another order: the CPU flash-attention kernel accumulates f16 V rows in f16 with an online
+# softmax, so the result moves at f16 rounding (~1e-3 of the logit scale); the F32 softmax path moves at f32 rounding.
+ORDER_RTOL = {True: 2e-3, False: 1e-5}
+
+
+def assert_close_reordered(got: np.ndarray, want: np.ndarray, flash_attn: bool) -> None:
+    """Logits equal up to the rounding of a different cell order."""
+    np.testing.assert_allclose(got, want, rtol=0, atol=ORDER_RTOL[flash_attn] * np.abs(want).max())
+
+
+def _stdlib_docs() -> str:
+    """Natural English text present on every machine: documentation strings of a few standard modules."""
+    import argparse
+    import collections
+    import inspect
+    import json
+    import textwrap
+
+    parts: list[str] = []
+    for mod in (argparse, collections, json, textwrap):
+        parts.append(inspect.getdoc(mod) or "")
+        for obj in vars(mod).values():
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                parts.append(inspect.getdoc(obj) or "")
+    return "\n\n".join(p for p in parts if p)
+
+
+_PROSE = _stdlib_docs()
+
+
+def prose(n_chars: int, offset: int = 0) -> str:
+    """``n_chars`` characters of natural text, starting ``offset`` characters in (repeated if needed)."""
+    text = _PROSE * (1 + (offset + n_chars) // len(_PROSE))
+    return text[offset:offset + n_chars]
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(model_dir: Path) -> Path:
+    return write_tiny_llama(model_dir / "tiny-llama.gguf", LLAMA_SPEC)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma(model_dir: Path) -> Path:
+    return write_tiny_gemma3(model_dir / "tiny-gemma3.gguf", GEMMA_SPEC)
+
+
+@pytest.fixture(scope="session")
+def tiny_mrope(model_dir: Path) -> Path:
+    return write_tiny_mrope(model_dir / "tiny-qwen2vl.gguf")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    from sekv_gguf.models import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture
+def open_session() -> Iterator[Callable[..., Session]]:
+    """Factory of sessions that are closed at the end of the test."""
+    opened: list[Session] = []
+
+    def make(path: Path, **config: object) -> Session:
+        s = Session.open(path, ContextConfig(**config))  # type: ignore[arg-type]
+        opened.append(s)
+        return s
+
+    yield make
+    for s in opened:
+        s.close()
+
+
+def seq_cells(session: Session) -> np.ndarray:
+    """Cells of sequence 0 in the hooked cache, in position order."""
+    pos = session.hook.cells_pos()
+    cells = np.flatnonzero(pos >= 0)
+    return cells[np.argsort(pos[cells], kind="stable")].astype(np.int32)
