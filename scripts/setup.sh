@@ -3,6 +3,7 @@
 #
 #   bash scripts/setup.sh                 CPU build (default)
 #   SEKV_CUDA=1 bash scripts/setup.sh     CUDA build (SEKV_CUDA_ARCHS, default 90)
+#   SEKV_VENV=DIR, SEKV_CACHE=DIR, SEKV_JOBS=N, SEKV_CMAKE_ARGS="..."   other venv / cache / parallelism / flags
 #
 # Steps: fetch the pinned llama-cpp-python sdist with pip and check its sha256; apply patches/ (any hunk that
 # does not apply stops the build); build libllama + ggml with CMake; install llama-cpp-python's Python files and
@@ -17,7 +18,7 @@ cd "$ROOT"
 source "$ROOT/scripts/pins.sh"
 
 PY="${PYTHON:-python3}"
-VENV="$ROOT/.venv"
+VENV="${SEKV_VENV:-$ROOT/.venv}"
 CACHE="${SEKV_CACHE:-$HOME/.cache/sekv_gguf}"
 JOBS="${SEKV_JOBS:-$(nproc)}"
 CUDA="${SEKV_CUDA:-0}"
