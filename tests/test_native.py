@@ -1,0 +1,106 @@
+"""The native module: exact f16 <-> f32, row gather/scatter equal to numpy, every bad size or index refused,
+and the C sources clean under AddressSanitizer + UBSan."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sekv_gguf import native
+from sekv_gguf._native import ffi, lib
+from sekv_gguf.errors import NativeError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_f16_to_f32_every_half():
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    got = native.f16_to_f32(h)
+    want = h.astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def test_f32_to_f16_matches_numpy_rounding():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([
+        rng.standard_normal(100_000).astype(np.float32) * np.float32(10.0) ** rng.integers(-9, 6, 100_000),
+        np.array([0.0, -0.0, 65504, 65519.99, 65520, 1e30, -1e30, np.inf, -np.inf, 2.0 ** -24, 2.0 ** -25,
+                  3 * 2.0 ** -26, 2.0 ** -26, 6.1e-5, 1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11], dtype=np.float32),
+    ])
+    got = native.f32_to_f16(x)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert np.isnan(native.f32_to_f16(np.array([np.nan], dtype=np.float32))).all()
+
+
+def test_rows_equal_numpy_indexing():
+    rng = np.random.default_rng(1)
+    src = rng.standard_normal((50, 24)).astype(np.float16)
+    idx = rng.integers(0, 50, 30)
+    np.testing.assert_array_equal(native.gather_rows(src, idx), src[idx])
+    np.testing.assert_array_equal(native.gather_rows_f16_f32(src, idx), src[idx].astype(np.float32))
+
+    dst = np.zeros((60, 24), dtype=np.float16)
+    perm = rng.permutation(60)[:30]
+    native.scatter_rows(src[:30], perm, dst)
+    want = np.zeros_like(dst)
+    want[perm] = src[:30]
+    np.testing.assert_array_equal(dst, want)
+
+    dst16 = np.zeros((60, 24), dtype=np.float16)
+    f32 = rng.standard_normal((30, 24)).astype(np.float32)
+    native.scatter_rows_f32_f16(f32, perm, dst16)
+    want16 = np.zeros_like(dst16)
+    want16[perm] = f32.astype(np.float16)
+    np.testing.assert_array_equal(dst16.view(np.uint16), want16.view(np.uint16))
+
+
+def test_bad_indices_and_shapes_are_refused():
+    src = np.zeros((5, 4), dtype=np.float16)
+    with pytest.raises(NativeError, match=r"idx\[1\] = 5 out of range \[0, 5\)"):
+        native.gather_rows(src, [0, 5])
+    with pytest.raises(NativeError, match=r"idx\[0\] = -1 out of range"):
+        native.gather_rows_f16_f32(src, [-1])
+    with pytest.raises(NativeError, match="must be float32"):
+        native.scatter_rows_f32_f16(src, [0], src)
+    with pytest.raises(NativeError, match="idx has 1 entries for 5 source rows"):
+        native.scatter_rows(src, [0], np.zeros((6, 4), dtype=np.float16))
+    with pytest.raises(NativeError, match="C-contiguous 2-D"):
+        native.gather_rows(np.zeros(5), [0])
+
+
+def test_c_checks_without_the_python_layer():
+    """The C functions refuse bad sizes and indices on their own (the Python checks are not the only guard)."""
+    src = np.zeros((5, 4), dtype=np.float32)
+    dst = np.zeros((3, 4), dtype=np.float32)
+    idx = np.array([0, 9, 1], dtype=np.int32)
+    p = lambda a, t="void *": ffi.cast(t, a.ctypes.data)  # noqa: E731
+    assert lib.sekv_gather_rows(p(src), 5, 16, p(idx, "int32_t *"), 3, p(dst), 3) == lib.SEKV_N_ERR_INDEX
+    assert lib.sekv_gather_rows(p(src), 5, 16, p(idx, "int32_t *"), 3, p(dst), 2) == lib.SEKV_N_ERR_SIZE
+    assert lib.sekv_gather_rows(p(src), 5, 16, ffi.NULL, 3, p(dst), 3) == lib.SEKV_N_ERR_NULL
+    assert lib.sekv_scatter_rows(p(dst), 3, 16, p(idx, "int32_t *"), 3, p(src), 5) == lib.SEKV_N_ERR_INDEX
+    assert lib.sekv_f32_to_f16(p(src, "float *"), ffi.NULL, 4) == lib.SEKV_N_ERR_NULL
+    assert lib.sekv_f16_to_f32(ffi.NULL, ffi.NULL, -3) == lib.SEKV_N_ERR_SIZE
+
+
+@pytest.mark.native_sanitizer
+def test_native_sources_under_address_sanitizer(tmp_path):
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.fail("no C compiler found to build the sanitizer harness")
+    exe = tmp_path / "asan_harness"
+    subprocess.run([cc, "-std=c11", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+                    "-fno-sanitize-recover=all", "-I", str(ROOT / "native"),
+                    str(ROOT / "native" / "sekv_native.c"), str(ROOT / "tests" / "native" / "asan_harness.c"),
+                    "-lm", "-o", str(exe)], check=True, capture_output=True, text=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True,
+                         env={"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "all checks passed" in run.stdout
