@@ -1,0 +1,49 @@
+"""``python -m sekv_gguf info``: the hook's view of a model, and one-line errors with a non-zero exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sekv_gguf", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_info_json_tiny_gemma(tiny_gemma):
+    r = _run("info", str(tiny_gemma), "--n-ctx", "512", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["architecture"] == "gemma3"
+    assert [layer["il"] for layer in report["hooked_layers"]] == [2, 5]
+    assert report["kv"]["kv_size"] == 512 and report["kv"]["is_iswa"]
+    assert report["bytes_per_token"] == 2 * 2 * 32 * 2  # 2 global layers x (K+V) x head dim 32 x f16
+    assert report["device_kv_bytes"] == report["kv"]["kv_bytes"] + report["kv"]["swa_kv_bytes"]
+
+
+def test_info_text(tiny_llama):
+    r = _run("info", str(tiny_llama), "--n-ctx", "256")
+    assert r.returncode == 0, r.stderr
+    assert "bytes/token   256" in r.stdout and "layers [0, 1]" in r.stdout
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "missing.gguf", "model file not found"),
+    (lambda d: (d / "text.gguf").write_text("not a model") and d / "text.gguf", "is not a GGUF file"),
+])
+def test_info_bad_model(tmp_path, make, message):
+    r = _run("info", str(make(tmp_path)))
+    assert r.returncode != 0
+    assert r.stderr.strip().count("\n") == 0 and message in r.stderr
+
+
+def test_info_truncated_and_unsupported(tmp_path, tiny_llama, tiny_mrope):
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(tiny_llama.read_bytes()[:4096])
+    r = _run("info", str(trunc))
+    assert r.returncode != 0 and "could not load" in r.stderr
+    r = _run("info", str(tiny_mrope))
+    assert r.returncode != 0 and "unsupported memory" in r.stderr
