@@ -130,8 +130,9 @@ class KVHook:
     def _get_info(self) -> KVInfo:
         out = api.sekv_kv_info()
         check("sekv_kv_get_info", api.sekv_kv_get_info(self.ctx, ctypes.byref(out)))
-        return KVInfo(**{name: (bool(getattr(out, name)) if KVInfo.__dataclass_fields__[name].type == "bool"
-                                else int(getattr(out, name))) for name, _ in api.sekv_kv_info._fields_})
+        flags = {"v_trans", "rot_k", "rot_v", "is_iswa", "flash_attn"}
+        return KVInfo(**{name: (bool if name in flags else int)(getattr(out, name))
+                         for name, _ in api.sekv_kv_info._fields_})
 
     def _get_layer(self, ikv: int) -> KVLayer:
         out = api.sekv_kv_layer()

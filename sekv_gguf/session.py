@@ -7,7 +7,6 @@ exposes the KV hook of that context.
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -184,7 +183,3 @@ class Session:
     def synchronize(self) -> None:
         llama_cpp.llama_synchronize(self.ctx)
 
-
-def logits_ptr_to_array(ptr: Any, n_vocab: int) -> np.ndarray:
-    """float32 copy of ``n_vocab`` logits behind a ctypes pointer."""
-    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,)).copy()
