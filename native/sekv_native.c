@@ -163,3 +163,26 @@ int32_t sekv_scatter_rows_f32_f16(const float * src, int64_t n_src, int64_t row_
     }
     return SEKV_N_OK;
 }
+
+int32_t sekv_surprisal(const float * logits, int64_t n, int64_t n_vocab, const int32_t * next, float * out) {
+    if (n < 0 || n_vocab <= 0) return SEKV_N_ERR_SIZE;
+    if (n == 0) return SEKV_N_OK;
+    if (logits == NULL || next == NULL || out == NULL) return SEKV_N_ERR_NULL;
+    if (n > (int64_t) (PTRDIFF_MAX / (int64_t) sizeof(float)) / n_vocab) return SEKV_N_ERR_SIZE;
+    for (int64_t i = 0; i < n; ++i) {
+        if (next[i] < 0 || (int64_t) next[i] >= n_vocab) return SEKV_N_ERR_INDEX;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        const float * row = logits + i*n_vocab;
+        float mx = row[0];
+        for (int64_t j = 1; j < n_vocab; ++j) {
+            mx = row[j] > mx ? row[j] : mx;
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < n_vocab; ++j) {
+            sum += exp((double) (row[j] - mx));
+        }
+        out[i] = (float) ((double) mx + log(sum) - (double) row[next[i]]);
+    }
+    return SEKV_N_OK;
+}

@@ -1,4 +1,4 @@
-/* sekv_gguf native module: host-side hot paths (row gather/scatter, f16 <-> f32).
+/* sekv_gguf native module: host-side hot paths (row gather/scatter, f16 <-> f32, surprisal).
  *
  * Every function checks the sizes and indices it is handed and returns a negative SEKV_N_* code instead of
  * touching memory out of bounds. Rows are packed: row i of a buffer starts at i*row_bytes (or i*row_len elements).
@@ -32,6 +32,9 @@ int32_t sekv_gather_rows_f16_f32(const uint16_t * src, int64_t n_src, int64_t ro
 /* narrow f32 rows and scatter them: dst (f16) row idx[i] = f16(src (f32) row i) */
 int32_t sekv_scatter_rows_f32_f16(const float * src, int64_t n_src, int64_t row_len,
                                   const int32_t * idx, int64_t n, uint16_t * dst, int64_t n_dst);
+
+/* surprisal (nats) of realised tokens: out[i] = logsumexp(logits[i, :]) - logits[i, next[i]] for n rows of n_vocab */
+int32_t sekv_surprisal(const float * logits, int64_t n, int64_t n_vocab, const int32_t * next, float * out);
 /* CDEF-END */
 
 #endif

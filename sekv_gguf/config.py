@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 # K/V cache types the hook can address per cell (ggml type ids)
 KV_TYPES = {"f32": 0, "f16": 1}
 
@@ -50,3 +52,72 @@ class ContextConfig:
     @property
     def threads(self) -> int:
         return self.n_threads or (os.cpu_count() or 1)
+
+
+@dataclass
+class SekvConfig:
+    """Parameters of the SeKV policy (DESIGN.md §1); every number the engine uses lives here.
+
+    kv_budget: device cells of the managed cache: an int, or a fraction (0, 1] of prompt + generation.
+        llama.cpp allocates cells in multiples of ``cell_granularity``; the budget is rounded up to it.
+    n_sink: first tokens kept resident (attention sinks).
+    window: recent tokens kept resident (0: a quarter of the budget, at most ``window_max``).
+    zoom_share: share of the budget reserved for rebuilt (zoomed) span tokens, per layer.
+    anchor_alpha: a token is an anchor when its surprisal exceeds mean + alpha * std of the surprisal seen so far.
+    anchor_share: most cells anchors may take, as a share of the budget (the cap).
+    span_min / span_max: span lengths; runs between anchors are cut at surprisal change points into spans of
+        these lengths (a shorter tail waits in the window for more tokens).
+    energy: share of a span's squared Frobenius norm the low-rank factors keep (per layer, for K and for V);
+        when that rank exceeds ``r_max`` or its fp16 factors would not be smaller than the raw rows, the raw rows
+        are kept instead, so the relative reconstruction error never exceeds sqrt(1 - energy).
+    r_max: largest rank stored.
+    chunk: prompt tokens per llama_decode in streaming prefill.
+    prefill: "streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size
+        context, then compression), or "auto" (streaming when the prompt does not fit the budget).
+    zoom_lag_refresh: re-decode the last prompt token after the first routing so the first generated token sees the
+        zoomed spans (else it sees only summaries).
+    """
+
+    kv_budget: float = 0.25
+    n_sink: int = 4
+    window: int = 0
+    window_max: int = 256
+    zoom_share: float = 0.25
+    anchor_alpha: float = 1.0
+    anchor_share: float = 0.05
+    span_min: int = 16
+    span_max: int = 64
+    energy: float = 0.95
+    r_max: int = 32
+    chunk: int = 256
+    prefill: str = "auto"
+    zoom_lag_refresh: bool = True
+    cell_granularity: int = 256
+
+    def __post_init__(self) -> None:
+        if self.kv_budget <= 0:
+            raise ValueError(f"kv_budget must be > 0 (cells, or a fraction of the context), got {self.kv_budget}")
+        if not float(self.kv_budget).is_integer() and self.kv_budget > 1:
+            raise ValueError(f"kv_budget above 1 must be a whole number of cells, got {self.kv_budget}")
+        if self.n_sink < 1:
+            raise ValueError(f"n_sink must be >= 1, got {self.n_sink}")
+        if self.window < 0 or self.window_max < 1:
+            raise ValueError(f"window must be >= 0 and window_max >= 1, got {self.window}, {self.window_max}")
+        if not 0 < self.zoom_share < 1:
+            raise ValueError(f"zoom_share must be in (0, 1), got {self.zoom_share}")
+        if not 0 <= self.anchor_share < 1:
+            raise ValueError(f"anchor_share must be in [0, 1), got {self.anchor_share}")
+        if not 1 <= self.span_min <= self.span_max:
+            raise ValueError(f"need 1 <= span_min <= span_max, got {self.span_min}, {self.span_max}")
+        if not 0 < self.energy <= 1:
+            raise ValueError(f"energy must be in (0, 1], got {self.energy}")
+        if self.r_max < 1 or self.chunk < 1:
+            raise ValueError(f"r_max and chunk must be >= 1, got {self.r_max}, {self.chunk}")
+        if self.prefill not in ("auto", "streaming", "exact"):
+            raise ValueError(f"prefill must be auto, streaming or exact, got {self.prefill!r}")
+
+    def budget_cells(self, n_context: int) -> int:
+        """The budget in cells for a context of ``n_context`` tokens, rounded up to the allocation granularity."""
+        cells = int(self.kv_budget) if self.kv_budget > 1 else int(np.ceil(self.kv_budget * n_context))
+        g = self.cell_granularity
+        return max(g, -(-cells // g) * g)

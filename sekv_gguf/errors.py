@@ -39,3 +39,7 @@ class NativeError(SekvError, ValueError):
 
 class ModelError(SekvError):
     """A model file cannot be used (missing, corrupt, unsupported architecture)."""
+
+
+class BudgetError(SekvError, ValueError):
+    """The device budget cannot hold what must stay resident; the message says what would fit."""

@@ -1,6 +1,6 @@
 """The one owner of the compiled native module (``sekv_gguf._native``): numpy in and out, exceptions for errors.
 
-At this stage: the host-side row work around the KV hook (gather/scatter of cache rows, f16 <-> f32).
+Host-side row work around the KV hook (gather/scatter of cache rows, f16 <-> f32) and per-token surprisal.
 """
 
 from __future__ import annotations
@@ -112,3 +112,18 @@ def scatter_rows_f32_f16(src: np.ndarray, idx: object, dst: np.ndarray) -> None:
         _check("scatter_rows_f32_f16", lib.sekv_scatter_rows_f32_f16(
             _ptr("float *", src), src.shape[0], src.shape[1], _ptr("int32_t *", i), i.size,
             _ptr("uint16_t *", dst), dst.shape[0]))
+
+
+def surprisal(logits: np.ndarray, next_tokens: object) -> np.ndarray:
+    """float32 [n]: -log p(next_tokens[i] | row i) of float32 logits [n, n_vocab], in nats."""
+    lg = np.ascontiguousarray(logits, dtype=np.float32)
+    if lg.ndim != 2:
+        raise NativeError(f"logits must be 2-D [n, n_vocab], got shape {lg.shape}")
+    nxt = _index(next_tokens, lg.shape[1], "next_tokens")
+    if nxt.size != lg.shape[0]:
+        raise NativeError(f"next_tokens has {nxt.size} entries for {lg.shape[0]} logit rows")
+    out = np.empty(nxt.size, dtype=np.float32)
+    if out.size:
+        _check("surprisal", lib.sekv_surprisal(_ptr("float *", lg), lg.shape[0], lg.shape[1],
+                                               _ptr("int32_t *", nxt), _ptr("float *", out)))
+    return out

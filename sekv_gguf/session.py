@@ -7,6 +7,7 @@ exposes the KV hook of that context.
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -34,6 +35,19 @@ def check_gguf_file(path: str | Path) -> Path:
     if magic != GGUF_MAGIC:
         raise ModelError(f"{p} is not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
     return p
+
+
+def load_model(path: str | Path, config: ContextConfig | None = None) -> _internals.LlamaModel:
+    """Load a GGUF model (weights shared by every session created over it)."""
+    config = config or ContextConfig()
+    p = check_gguf_file(path)
+    _llama_logger.set_verbose(config.verbose)
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = config.n_gpu_layers
+    try:
+        return _internals.LlamaModel(path_model=str(p), params=mparams, verbose=config.verbose)
+    except ValueError as e:
+        raise ModelError(f"llama.cpp could not load {p} (corrupt file or unsupported architecture): {e}") from e
 
 
 class Session:
@@ -81,15 +95,7 @@ class Session:
     def open(cls, path: str | Path, config: ContextConfig | None = None) -> "Session":
         """Load the GGUF model at ``path`` and create a context for it."""
         config = config or ContextConfig()
-        p = check_gguf_file(path)
-        _llama_logger.set_verbose(config.verbose)
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = config.n_gpu_layers
-        try:
-            model = _internals.LlamaModel(path_model=str(p), params=mparams, verbose=config.verbose)
-        except ValueError as e:
-            raise ModelError(f"llama.cpp could not load {p} (corrupt file or unsupported architecture): {e}") from e
-        return cls(model, config)
+        return cls(load_model(path, config), config)
 
     @classmethod
     def from_llama(cls, llm: Any, config: ContextConfig | None = None) -> "Session":
@@ -138,6 +144,15 @@ class Session:
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self.model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (a UTF-8 character may span several tokens)."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.model.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.model.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.model.detokenize(list(tokens)).decode("utf-8", "replace")

@@ -71,10 +71,14 @@ def test_claim_busy_cell_and_bad_lengths(s):
         s.hook.claim([200, 201], [0])
 
 
-def test_claim_on_empty_sequence(open_session, tiny_llama):
+def test_claim_on_empty_sequence_sets_the_next_position(open_session, tiny_llama):
+    """An empty sequence takes any positions; the largest becomes the maximum and the next decode follows it."""
     empty = open_session(tiny_llama, n_ctx=256)
-    with pytest.raises(HookValueError, match=r"pos\[0\] = 0 outside \[0, -1\]"):
-        empty.hook.claim([0], [0])
+    empty.hook.claim([7, 3], [40, 12])
+    assert empty.pos_max() == 40
+    with pytest.raises(HookValueError, match=r"pos\[0\] = 41 outside \[0, 40\]"):
+        empty.hook.claim([8], [41])
+    assert np.isfinite(empty.decode(empty.tokenize("a"), pos0=41)).all()
 
 
 def test_release_foreign_or_newest_cell(s):

@@ -1,0 +1,53 @@
+"""The policy interface: a policy owns one llama_context and decides what its KV cache holds."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Callable
+
+import numpy as np
+
+from ..config import ContextConfig
+from ..session import Session
+
+GRANULARITY = 256  # llama.cpp allocates KV cells in multiples of this
+
+
+def pad_cells(n: int) -> int:
+    return max(GRANULARITY, -(-n // GRANULARITY) * GRANULARITY)
+
+
+class Policy(ABC):
+    """Prefill a prompt, then decode one token at a time; ``stats`` reports what the cache held."""
+
+    name: str = "policy"
+
+    def __init__(self, session: Session, observer: Callable[["Policy"], None] | None = None):
+        self.session = session
+        self.observer = observer
+
+    @abstractmethod
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        """Decode the prompt; float32 logits [n_vocab] of the next token."""
+
+    @abstractmethod
+    def step(self, token: int) -> np.ndarray:
+        """Decode one token after the newest; logits of the next one."""
+
+    def stats(self) -> dict[str, Any]:
+        info = self.session.hook.info
+        return {"device_kv_bytes": info.kv_bytes + info.swa_kv_bytes}
+
+    def notify(self) -> None:
+        if self.observer is not None:
+            self.observer(self)
+
+    def close(self) -> None:
+        self.session.close()
+
+    @staticmethod
+    def context_config(base: ContextConfig, n_ctx: int, chunk: int) -> ContextConfig:
+        """``base`` with the cache size and batch sizes this policy needs."""
+        return ContextConfig(n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk, n_threads=base.n_threads,
+                             flash_attn=base.flash_attn, swa_full=base.swa_full, type_k=base.type_k,
+                             type_v=base.type_v, n_gpu_layers=base.n_gpu_layers, verbose=base.verbose)

@@ -1,0 +1,34 @@
+"""FullKV: llama.cpp as is (``swa_full=False``), a cache as large as prompt + generation."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..config import ContextConfig, SekvConfig
+from ..session import Session
+from .base import Policy, pad_cells
+
+
+class FullPolicy(Policy):
+    """Every token stays in the device cache. ``chunk`` prompt tokens per llama_decode."""
+
+    name = "full"
+
+    def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, config: SekvConfig | None = None,
+                 observer: Callable[[Policy], None] | None = None, **_: Any):
+        chunk = (config or SekvConfig()).chunk
+        super().__init__(Session(model, self.context_config(ctx_config, pad_cells(n_context), chunk)), observer)
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        logits = None
+        for c0 in range(0, len(tokens), self.session.n_batch):
+            logits = self.session.decode(tokens[c0:c0 + self.session.n_batch])
+            self.notify()
+        return logits
+
+    def step(self, token: int) -> np.ndarray:
+        logits = self.session.decode([token])
+        self.notify()
+        return logits

@@ -1,0 +1,314 @@
+"""SeKV: a fixed budget of device cells holds sinks, anchors, one summary row per compressed span, zoom slots and a
+recent window; every compressed span keeps low-rank K/V factors in host memory and is rebuilt into the zoom slots
+of a layer when the router picks it for that layer. Nothing is thrown away.
+
+Device layout (cells of the hooked cache, all below the budget):
+  sinks      the first ``n_sink`` tokens
+  anchors    high-surprisal tokens (capped), at full resolution
+  summaries  one cell per span at the span's last position, bias ``+log|S|`` (``-inf`` in layers where it is zoomed)
+  zoom slots ``zoom_share`` of the budget, claimed at position 0; per layer they hold that layer's zoomed spans
+             (bias 0) or nothing (bias ``-inf``)
+  window     the newest tokens (plus a short pending tail waiting to form a span)
+Routing uses the query the hook captured at the previous decode (the previous step's query).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import llama_cpp
+import numpy as np
+
+from .. import native
+from ..config import ContextConfig, SekvConfig
+from ..errors import BudgetError
+from ..router import Router, TrainingFreeRouter
+from ..segment import Segmenter
+from ..session import Session
+from ..spans import Span, factorize, weighted_mean
+from .base import Policy, pad_cells
+
+NEG_INF = float("-inf")
+
+
+class SekvPolicy(Policy):
+    """SeKV over one budget-sized context (see the module docstring)."""
+
+    name = "sekv"
+
+    def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, config: SekvConfig | None = None,
+                 router: Router | None = None, observer: Callable[[Policy], None] | None = None, **_: Any):
+        self.config = config = config or SekvConfig()
+        self.router = router or TrainingFreeRouter()
+        self.n_context = n_context
+        self.budget = config.budget_cells(n_context)
+        self.fits = n_context <= self.budget  # nothing ever needs compressing: behave as full KV
+        self.chunk = min(config.chunk, max(self.budget // 8, 1))
+        self.window = n_context if self.fits else (config.window or min(config.window_max, self.budget // 8))
+        self.n_zoom = 0 if self.fits else int(config.zoom_share * self.budget)
+        self.anchor_cap = 0 if self.fits else int(config.anchor_share * self.budget)
+        if not self.fits:
+            self._check_budget()
+        super().__init__(Session(model, self.context_config(ctx_config, self.budget, self.chunk)), observer)
+        hook = self.session.hook
+        if hook.info.kv_size != self.budget:
+            raise BudgetError(f"llama.cpp allocated {hook.info.kv_size} cells for a budget of {self.budget}")
+        self.n_layer = hook.info.n_layer_kv
+        hook.enable_query_capture()
+        if not self.fits:
+            hook.enable_bias()
+
+        self.segmenter = Segmenter(config, self.anchor_cap)
+        self.sinks: list[tuple[int, int]] = []       # (pos, cell)
+        self.anchors: list[tuple[int, int]] = []     # (pos, cell)
+        self.win_pos: list[int] = []                 # window: positions, cells, surprisal (oldest first)
+        self.win_cell: list[int] = []
+        self.win_surp: list[float] = []
+        self.spans: list[Span] = []
+        self.keys: list[np.ndarray] = [np.zeros((0,)) for _ in range(self.n_layer)]  # [n_spans, Hkv, d] per layer
+        self.slots = np.zeros(0, dtype=np.int32)    # zoom slot cells
+        # per layer: span id -> slot indices, and last use (step) of each resident span
+        self.resident: list[dict[int, np.ndarray]] = [{} for _ in range(self.n_layer)]
+        self.last_use: list[dict[int, int]] = [{} for _ in range(self.n_layer)]
+        self.prev_logits: np.ndarray | None = None
+        self.steps = 0
+        self.counters = {"zooms": 0, "rebuilt_rows": 0, "route_calls": 0, "compress_s": 0.0, "zoom_s": 0.0}
+
+    # -- budget ------------------------------------------------------------------------------------------------
+
+    def _check_budget(self) -> None:
+        cfg = self.config
+        max_spans = math.ceil(max(self.n_context - cfg.n_sink - self.window, 0) / cfg.span_min)
+        parts = {"sinks": cfg.n_sink, "anchors": self.anchor_cap, "summaries": max_spans, "zoom": self.n_zoom,
+                 "window": self.window + cfg.span_min + cfg.span_max, "chunk": self.chunk}
+        need = sum(parts.values())
+        if need > self.budget:
+            detail = " + ".join(f"{k} {v}" for k, v in parts.items())
+            raise BudgetError(
+                f"kv_budget of {self.budget} cells cannot hold what must stay resident for {self.n_context} tokens: "
+                f"{detail} = {need} cells; use a budget of at least {pad_cells(need)} cells "
+                f"(or a larger span_min / smaller zoom_share)")
+
+    # -- decoding ----------------------------------------------------------------------------------------------
+
+    def _decode(self, tokens: list[int], logits: str) -> np.ndarray:
+        """Decode after the newest token; ``logits="all"`` also yields every token's surprisal (chunk by chunk)."""
+        p0 = self.session.pos_max() + 1
+        out = self.session.decode(tokens, logits=logits)
+        preds, last = (out[:-1], out[-1]) if logits == "all" else (out[:0], out)  # row i predicts token i+1
+        surp = np.zeros(len(tokens), dtype=np.float32)
+        if self.prev_logits is not None:
+            surp[0] = native.surprisal(self.prev_logits[None, :], tokens[:1])[0]
+        if preds.shape[0]:
+            surp[1:] = native.surprisal(preds, tokens[1:])
+        self.prev_logits = last.copy()
+        self._admit(p0, surp)
+        return last
+
+    def _admit(self, p0: int, surp: np.ndarray) -> None:
+        """Place the newly decoded tokens (positions p0..) into sinks or the window."""
+        pos = self.session.hook.cells_pos()
+        cells = np.flatnonzero(pos >= p0)
+        cells = cells[np.argsort(pos[cells])]  # cell of position p0 + i
+        assert cells.size == surp.size
+        n_sink = max(0, min(self.config.n_sink - len(self.sinks), surp.size)) if not self.win_pos else 0
+        self.sinks.extend((p0 + i, int(cells[i])) for i in range(n_sink))
+        self.segmenter.observe(surp[n_sink:])
+        self.win_pos.extend(range(p0 + n_sink, p0 + surp.size))
+        self.win_cell.extend(int(c) for c in cells[n_sink:])
+        self.win_surp.extend(float(x) for x in surp[n_sink:])
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        if not tokens:
+            raise ValueError("empty prompt")
+        logits = None
+        for c0 in range(0, len(tokens), self.chunk):
+            chunk = tokens[c0:c0 + self.chunk]
+            logits = self._decode(chunk, "last" if self.fits else "all")
+            self._maintain()
+            self.notify()
+        if self.spans:
+            self._route()
+            if self.config.zoom_lag_refresh:
+                logits = self._redecode_last(tokens[-1])
+        return logits
+
+    def _redecode_last(self, token: int) -> np.ndarray:
+        """Decode the last prompt token again, now that the router has zoomed in for it."""
+        p = self.session.pos_max()
+        llama_cpp.llama_memory_seq_rm(self.session.memory, 0, p, -1)
+        assert self.win_pos and self.win_pos[-1] == p
+        surp = self.win_surp[-1]
+        del self.win_pos[-1], self.win_cell[-1], self.win_surp[-1]
+        out = self.session.decode([token], pos0=p)
+        cell = int(np.flatnonzero(self.session.hook.cells_pos() == p)[0])
+        self.win_pos.append(p)
+        self.win_cell.append(cell)
+        self.win_surp.append(surp)
+        self.prev_logits = out.copy()
+        self.notify()
+        return out
+
+    def step(self, token: int) -> np.ndarray:
+        logits = self._decode([token], "last")
+        self.steps += 1
+        self._maintain()
+        if self.spans:
+            self._route()
+        self.notify()
+        return logits
+
+    # -- compression -------------------------------------------------------------------------------------------
+
+    def _maintain(self) -> None:
+        """Compress what left the window: anchors keep their cells, spans become summaries + host factors."""
+        over = len(self.win_pos) - self.window
+        if self.fits or over <= 0:
+            return
+        t0 = time.perf_counter()
+        seg = self.segmenter.cut(np.asarray(self.win_surp[:over]))
+        for i in seg.anchors:
+            self.anchors.append((self.win_pos[i], self.win_cell[i]))
+        if seg.spans:
+            self._compress(seg.spans)
+        done = np.ones(over, dtype=bool)
+        done[seg.pending] = False
+        keep = np.concatenate([np.flatnonzero(~done), np.arange(over, len(self.win_pos))])
+        self.win_pos = [self.win_pos[i] for i in keep]
+        self.win_cell = [self.win_cell[i] for i in keep]
+        self.win_surp = [self.win_surp[i] for i in keep]
+        self.counters["compress_s"] += time.perf_counter() - t0
+
+    def _compress(self, groups: list[np.ndarray]) -> None:
+        hook = self.session.hook
+        cells = np.concatenate([np.asarray(self.win_cell)[g] for g in groups]).astype(np.int32)
+        bounds = np.cumsum([0] + [g.size for g in groups])
+        surp = np.asarray(self.win_surp)
+        new = [Span(id=len(self.spans) + i, positions=np.asarray(self.win_pos, dtype=np.int32)[g], summary_cell=-1)
+               for i, g in enumerate(groups)]
+        k_sum, v_sum = [], []  # per layer f16 [n_spans, Hkv*d]
+        for ikv in range(self.n_layer):
+            k, v = hook.get_rows(ikv, cells)  # f16 [n, Hkv, d]
+            k_parts = [k[bounds[i]:bounds[i + 1]].astype(np.float32) for i in range(len(groups))]
+            v_parts = [v[bounds[i]:bounds[i + 1]].astype(np.float32) for i in range(len(groups))]
+            for span, kf, vf in zip(new, factorize(k_parts, self.config), factorize(v_parts, self.config)):
+                span.k.append(kf)
+                span.v.append(vf)
+            km = [weighted_mean(kp, surp[g]) for kp, g in zip(k_parts, groups)]
+            vm = [weighted_mean(vp, surp[g]) for vp, g in zip(v_parts, groups)]
+            for span, m in zip(new, km):
+                span.k_mean.append(m)
+            k_sum.append(np.stack(km).reshape(len(groups), -1).astype(np.float16))
+            v_sum.append(np.stack(vm).reshape(len(groups), -1).astype(np.float16))
+        # the tokens' cells go; one summary cell per span comes (position: the span's last)
+        hook.release(cells)
+        free = self._free_cells(len(new))
+        hook.claim(free, [int(s.positions[-1]) for s in new])
+        for ikv in range(self.n_layer):
+            hook.set_rows(ikv, free, k_sum[ikv], v_sum[ikv])
+        lengths = np.array([s.length for s in new], dtype=np.float32)
+        hook.set_bias_cells(-1, free, np.log(lengths))
+        for span, c in zip(new, free):
+            span.summary_cell = int(c)
+        self.spans.extend(new)
+        for ikv in range(self.n_layer):
+            add = np.stack([s.k_mean[ikv] for s in new])
+            self.keys[ikv] = add if self.keys[ikv].size == 0 else np.concatenate([self.keys[ikv], add])
+        if self.slots.size == 0 and self.n_zoom > 0:
+            self._claim_slots()
+
+    def _free_cells(self, n: int) -> np.ndarray:
+        free = np.flatnonzero(self.session.hook.cells_pos()[: self.budget] == -1).astype(np.int32)
+        if free.size < n:
+            raise BudgetError(f"no room for {n} cells within the budget of {self.budget} ({free.size} free)")
+        return free[:n]
+
+    def _claim_slots(self) -> None:
+        hook = self.session.hook
+        self.slots = self._free_cells(self.n_zoom)
+        hook.claim(self.slots, np.zeros(self.slots.size, dtype=np.int32))
+        hook.set_bias_cells(-1, self.slots, NEG_INF)
+
+    # -- routing and zoom --------------------------------------------------------------------------------------
+
+    def _route(self) -> None:
+        t0 = time.perf_counter()
+        hook = self.session.hook
+        lengths = np.array([s.length for s in self.spans], dtype=np.float32)
+        self.counters["route_calls"] += 1
+        for ikv in range(self.n_layer):
+            scores = self.router.score(ikv, hook.query(ikv), self.keys[ikv], lengths)
+            chosen, used = [], 0
+            for sid in np.argsort(-scores, kind="stable"):
+                if used + lengths[sid] <= self.n_zoom:
+                    chosen.append(int(sid))
+                    used += int(lengths[sid])
+            self._zoom_layer(ikv, chosen)
+        self.counters["zoom_s"] += time.perf_counter() - t0
+
+    def _zoom_layer(self, ikv: int, chosen: list[int]) -> None:
+        hook = self.session.hook
+        resident, last_use = self.resident[ikv], self.last_use[ikv]
+        for sid in chosen:
+            if sid in resident:
+                last_use[sid] = self.steps
+        taken = np.zeros(self.slots.size, dtype=bool)
+        for idx in resident.values():
+            taken[idx] = True
+        want = [sid for sid in chosen if sid not in resident]
+        need = sum(self.spans[sid].length for sid in want)
+        # evict the least recently used spans that were not chosen until the new ones fit
+        for sid in sorted((s for s in resident if s not in chosen), key=lambda s: last_use[s]):
+            if need <= int((~taken).sum()):
+                break
+            idx = resident.pop(sid)
+            del last_use[sid]
+            taken[idx] = False
+            hook.set_bias_cells(ikv, self.slots[idx], NEG_INF)
+            hook.set_bias_cells(ikv, [self.spans[sid].summary_cell], math.log(self.spans[sid].length))
+        for sid in want:
+            span = self.spans[sid]
+            free = np.flatnonzero(~taken)
+            if free.size < span.length:
+                continue
+            idx = free[: span.length]
+            taken[idx] = True
+            cells = self.slots[idx]
+            k = span.k[ikv].rebuild().reshape(span.length, -1)  # [L, Hkv*d]
+            v = span.v[ikv].rebuild().reshape(span.length, -1)
+            hook.set_rows(ikv, cells, native.f32_to_f16(k), native.f32_to_f16(v))
+            hook.set_bias_cells(ikv, cells, 0.0)
+            hook.set_bias_cells(ikv, [span.summary_cell], NEG_INF)
+            resident[sid] = idx
+            last_use[sid] = self.steps
+            self.counters["zooms"] += 1
+            self.counters["rebuilt_rows"] += span.length
+
+    # -- stats -------------------------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        ranks = [f.rank for s in self.spans for f in s.k + s.v]
+        raw = [f.raw is not None for s in self.spans for f in s.k + s.v]
+        steps = max(self.counters["route_calls"], 1)
+        out.update({
+            "host_kv_bytes": int(sum(s.nbytes for s in self.spans)),
+            "sekv": {
+                "router": self.router.name,
+                "budget_cells": self.budget,
+                "window": self.window,
+                "zoom_slots": int(self.slots.size),
+                "spans": len(self.spans),
+                "span_tokens": int(sum(s.length for s in self.spans)),
+                "anchors": len(self.anchors),
+                "mean_rank": float(np.mean(ranks)) if ranks else 0.0,
+                "raw_share": float(np.mean(raw)) if raw else 0.0,
+                "zooms_per_step": self.counters["zooms"] / steps,
+                "rebuilt_rows_per_step": self.counters["rebuilt_rows"] / steps,
+                "compress_s": self.counters["compress_s"],
+                "zoom_s": self.counters["zoom_s"],
+            },
+        })
+        return out

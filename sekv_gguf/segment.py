@@ -1,0 +1,85 @@
+"""Surprisal segmentation: anchors (capped) and spans cut at surprisal change points.
+
+Works on a stream: ``Segmenter.cut`` is handed the tokens that left the recent window (positions and surprisal)
+and returns anchors and complete spans; a tail shorter than ``span_min`` is returned as pending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import SekvConfig
+
+
+@dataclass
+class Segmentation:
+    anchors: np.ndarray                                           # int64 [n_a] indices into the input
+    spans: list[np.ndarray] = field(default_factory=list)         # each int64 [L] indices into the input
+    pending: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # indices left for later
+
+
+class Segmenter:
+    """Anchors above mean + alpha*std of all surprisal seen (at most ``cap`` in all); spans of [span_min, span_max]
+    non-anchor tokens, cut where the surprisal changes most."""
+
+    def __init__(self, config: SekvConfig, cap: int):
+        self.config = config
+        self.cap = cap
+        self.n_anchors = 0
+        self._n = 0
+        self._sum = 0.0
+        self._sq = 0.0
+
+    def observe(self, surprisal: np.ndarray) -> None:
+        """Update the running statistics with newly realised tokens."""
+        s = np.asarray(surprisal, dtype=np.float64)
+        self._n += s.size
+        self._sum += float(s.sum())
+        self._sq += float((s * s).sum())
+
+    @property
+    def threshold(self) -> float:
+        if self._n == 0:
+            return float("inf")
+        mean = self._sum / self._n
+        std = np.sqrt(max(self._sq / self._n - mean * mean, 0.0))
+        return mean + self.config.anchor_alpha * std
+
+    def cut(self, surprisal: np.ndarray, final: bool = False) -> Segmentation:
+        """Segment tokens that left the window, in position order. ``final``: also emit a short tail as a span."""
+        s = np.asarray(surprisal, dtype=np.float64)
+        cfg = self.config
+        # anchors: the most surprising tokens above the threshold, within what is left of the cap
+        over = np.flatnonzero(s > self.threshold)
+        room = max(self.cap - self.n_anchors, 0)
+        if over.size > room:
+            over = over[np.argsort(-s[over], kind="stable")[:room]]
+        anchors = np.sort(over)
+        self.n_anchors += anchors.size
+        rest = np.setdiff1d(np.arange(s.size), anchors)  # [n_rest] non-anchor tokens, in order
+        spans: list[np.ndarray] = []
+        i = 0
+        while rest.size - i >= cfg.span_max + cfg.span_min or (rest.size - i >= cfg.span_min and
+                                                                 rest.size - i <= cfg.span_max and final):
+            n_left = rest.size - i
+            if n_left <= cfg.span_max:
+                length = n_left
+            else:
+                length = self._change_point(s[rest[i:i + cfg.span_max + 1]])
+            spans.append(rest[i:i + length])
+            i += length
+        if final and rest.size - i > 0:
+            if spans and rest.size - i < cfg.span_min:
+                spans[-1] = np.concatenate([spans[-1], rest[i:]])  # a short tail joins the last span
+            else:
+                spans.append(rest[i:])
+            i = rest.size
+        return Segmentation(anchors=anchors, spans=spans, pending=rest[i:])
+
+    def _change_point(self, s: np.ndarray) -> int:
+        """Length in [span_min, span_max] of the next span: cut before the largest surprisal jump in that range."""
+        lo, hi = self.config.span_min, self.config.span_max
+        jumps = np.abs(np.diff(s))  # jumps[j] is between tokens j and j+1
+        return lo + int(np.argmax(jumps[lo - 1:hi]))
