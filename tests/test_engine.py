@@ -1,0 +1,132 @@
+"""The SeKV engine on tiny models: equivalence with full KV, the exactness anchor, compression invariants, budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import prose
+from sekv_gguf.config import ContextConfig, SekvConfig
+from sekv_gguf.engine import generate, make_policy
+from sekv_gguf.errors import BudgetError
+from sekv_gguf.session import load_model
+
+
+@pytest.fixture(scope="module")
+def llama_model(tiny_llama):
+    return load_model(tiny_llama)
+
+
+@pytest.fixture(scope="module")
+def gemma_model(tiny_gemma):
+    return load_model(tiny_gemma)
+
+
+def _tokens(model, n_chars: int, offset: int = 0) -> list[int]:
+    return model.tokenize(prose(n_chars, offset).encode(), add_bos=True, special=False)
+
+
+@pytest.mark.parametrize("which", ["llama", "gemma"])
+def test_budget_covering_context_equals_full(llama_model, gemma_model, which):
+    model = llama_model if which == "llama" else gemma_model
+    toks = _tokens(model, 400)
+    n = 24
+    runs = {}
+    for name in ("full", "sekv"):
+        policy = make_policy(name, model, len(toks) + n, config=SekvConfig(kv_budget=1.0, chunk=128))
+        runs[name] = generate(policy, toks, n, stop_at_eos=False)
+        policy.close()
+    assert runs["sekv"].tokens == runs["full"].tokens
+    assert len(runs["full"].tokens) == n
+    assert runs["sekv"].sekv["spans"] == 0
+
+
+@pytest.mark.parametrize("flash_attn, rtol", [(False, 1e-5), (True, 5e-3)], ids=["softmax", "flash"])
+@pytest.mark.parametrize("which", ["llama", "gemma"])
+def test_full_rank_all_zoomed_equals_full(llama_model, gemma_model, which, flash_attn, rtol):
+    """The exactness anchor: exact prefill, full rank (energy 1), every span zoomed in every layer -> FullKV logits.
+
+    With flash attention the CPU kernel accumulates f16 V rows in f16 in cell order; the rebuilt spans sit in other
+    cells than in the full run, so the logits move at f16 rounding. The F32 softmax path is exact to float32.
+    """
+    model = llama_model if which == "llama" else gemma_model
+    toks = _tokens(model, 700, offset=3000)
+    cc = ContextConfig(flash_attn=flash_attn)
+    full = make_policy("full", model, len(toks) + 1, cc, SekvConfig(chunk=128))
+    want = full.prefill(toks)
+    full.close()
+    cfg = SekvConfig(kv_budget=2048, prefill="exact", energy=1.0, zoom_share=0.6, compress_when_fits=True, chunk=128)
+    policy = make_policy("sekv", model, len(toks) + 1, cc, cfg)
+    got = policy.prefill(toks)
+    st = policy.stats()["sekv"]
+    assert st["spans"] > 3 and st["span_tokens"] > len(toks) / 3
+    for ikv in range(policy.n_layer):  # every span is zoomed in every layer
+        assert len(policy.resident[ikv]) == st["spans"]
+    policy.close()
+    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max())
+
+
+def test_compression_invariants_and_budget(llama_model):
+    toks = _tokens(llama_model, 3000, offset=500)
+    n = 16
+    cfg = SekvConfig(kv_budget=768, energy=0.9, chunk=64)
+    seen: list[int] = []
+
+    def observe(policy):
+        pos = policy.session.hook.cells_pos()
+        seen.append(int((pos >= 0).sum()))
+        assert policy.session.hook.info.kv_size == policy.budget
+
+    policy = make_policy("sekv", llama_model, len(toks) + n, config=cfg, observer=observe)
+    run = generate(policy, toks, n, stop_at_eos=False)
+    assert run.generated_tokens == n
+    assert max(seen) <= policy.budget == 768
+    assert len(seen) >= len(toks) // 64 + n - 1
+    assert policy.session.pos_max() == len(toks) + n - 2  # the positions ran far past the 768 cells
+
+    st = run.sekv
+    assert 0 < st["anchors"] <= policy.anchor_cap
+    assert st["spans"] > 10
+    row = policy.session.hook.layers[0].k_row_bytes
+    for span in policy.spans:
+        raw_bytes = span.length * row * 2 * policy.n_layer  # K + V rows of every hooked layer, f16
+        assert span.nbytes - span.positions.nbytes <= raw_bytes
+        assert cfg.span_min <= span.length
+        for f in span.k + span.v:
+            assert f.rank <= max(cfg.r_max, span.length)
+    assert run.host_kv_bytes == sum(s.nbytes for s in policy.spans)
+    assert run.device_kv_bytes < run.full_kv_bytes
+    policy.close()
+
+
+def test_reconstruction_error_within_energy(llama_model):
+    """Rows rebuilt from the host factors differ from the cache rows by at most sqrt(1 - energy) (relative)."""
+    from sekv_gguf.spans import factorize
+
+    rng = np.random.default_rng(3)
+    cfg = SekvConfig(energy=0.9, r_max=32)
+    # low-rank-ish spans like real keys, and pure noise (which must fall back to raw rows)
+    low = np.einsum("lhr,hrd->lhd", rng.standard_normal((40, 2, 4)), rng.standard_normal((2, 4, 64)))
+    mats = [(low + 0.05 * rng.standard_normal((40, 2, 64))).astype(np.float32),  # [L, Hkv, d]
+            rng.standard_normal((40, 2, 64)).astype(np.float32)]
+    facts = factorize(mats, cfg)
+    assert facts[0].raw is None and facts[0].rank <= 8
+    assert facts[1].raw is not None  # no rank that keeps 90% of noise is cheaper than the rows
+    for m, f in zip(mats, facts):
+        err = np.linalg.norm(f.rebuild() - m) / np.linalg.norm(m)
+        assert err <= np.sqrt(1 - cfg.energy) + 1e-3
+        assert f.nbytes <= m.size * 2
+
+
+def test_budget_too_small_says_what_fits(llama_model):
+    with pytest.raises(BudgetError, match=r"cannot hold .* use a budget of at least \d+ cells"):
+        make_policy("sekv", llama_model, 20000, config=SekvConfig(kv_budget=256))
+
+
+def test_unknown_policy_and_empty_prompt(llama_model):
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        make_policy("nope", llama_model, 100)
+    policy = make_policy("sekv", llama_model, 100)
+    with pytest.raises(ValueError, match="empty prompt"):
+        policy.prefill([])
+    policy.close()
