@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from conftest import prose
+
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sekv_gguf", *args], capture_output=True, text=True, timeout=120)
@@ -47,3 +49,48 @@ def test_info_truncated_and_unsupported(tmp_path, tiny_llama, tiny_mrope):
     assert r.returncode != 0 and "could not load" in r.stderr
     r = _run("info", str(tiny_mrope))
     assert r.returncode != 0 and "unsupported memory" in r.stderr
+
+
+RUN_KEYS = {"text", "policy", "model", "prompt_tokens", "generated_tokens", "device_kv_bytes", "full_kv_bytes",
+            "host_kv_bytes", "prefill_s", "decode_s", "prefill_tok_s", "decode_tok_s"}
+
+
+@pytest.mark.parametrize("policy", ["sekv", "full"])
+def test_run_json_contract(tmp_path, tiny_llama, policy):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(prose(3000, offset=100))
+    r = _run("run", str(tiny_llama), "-f", str(doc), "-n", "5", "--policy", policy, "--kv-budget", "768", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)  # exactly one JSON object on stdout
+    assert RUN_KEYS <= set(out)
+    assert out["policy"] == policy and out["generated_tokens"] == 5 and out["prompt_tokens"] > 2000
+    if policy == "sekv":
+        assert out["sekv"]["router"] == "training-free" and out["sekv"]["spans"] > 0
+        assert out["device_kv_bytes"] < out["full_kv_bytes"] and out["host_kv_bytes"] > 0
+    else:
+        assert "sekv" not in out and out["device_kv_bytes"] == out["full_kv_bytes"]
+
+
+def test_run_streams_text(tiny_llama):
+    r = _run("run", str(tiny_llama), "-p", "the magic number is", "-n", "4", "--policy", "full", "-q")
+    assert r.returncode == 0, r.stderr
+    assert "policy full: " in r.stderr and "tok/s" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-p", ""], "the prompt is empty"),
+    (["-f", "/nonexistent/prompt.txt"], "prompt file not found"),
+    (["--kv-budget", "256", "-n", "30000", "-p", "x"], "kv_budget of 256 cells"),
+    (["--kv-budget", "-3", "-p", "x"], "--kv-budget must be > 0"),
+])
+def test_run_bad_input(tiny_llama, args, message):
+    r = _run("run", str(tiny_llama), *args)
+    assert r.returncode != 0
+    assert message in r.stderr
+    assert r.stdout == ""
+
+
+def test_run_unsupported_model(tiny_mrope):
+    r = _run("run", str(tiny_mrope), "-p", "hello", "-n", "2")
+    assert r.returncode != 0 and "unsupported memory" in r.stderr
+    assert len([line for line in r.stderr.splitlines() if line.strip()]) == 1
