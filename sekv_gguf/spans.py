@@ -3,7 +3,7 @@ row that stays on the device.
 
 Rank per (span, layer, K|V): the smallest r keeping ``energy`` of the squared Frobenius norm for every KV head; if
 r > r_max or the fp16 factors (U·S [L, r] and Vᵀ [r, d] per head) would not be smaller than the raw rows, the raw
-rows are stored. SVDs of a batch are one LAPACK call (numpy's stacked ``linalg.svd``) over zero-padded spans.
+rows are stored. The SVDs of a batch are one LAPACK call over zero-padded spans (see ``factorize``).
 """
 
 from __future__ import annotations
@@ -70,13 +70,21 @@ def energy_rank(s: np.ndarray, energy: float) -> np.ndarray:
 
 
 def factorize(mats: list[np.ndarray], config: SekvConfig) -> list[Factors]:
-    """Factors of each span's rows mats[i] f32 [L_i, n_head_kv, d], all in one batched SVD."""
+    """Factors of each span's rows mats[i] f32 [L_i, n_head_kv, d], all from one batched LAPACK call.
+
+    The SVD A = U S Vᵀ of a span (L <= span_max rows, d columns, L << d) comes from the symmetric eigenproblem of its
+    Gram matrix A Aᵀ = U S² Uᵀ (numpy's stacked ``eigh``, LAPACK syevd, in float64), which is ~100x faster here than
+    a stacked gesdd on the wide matrices; Vᵀ = S⁻¹ Uᵀ A for the kept components.
+    """
     n_head_kv, d = mats[0].shape[1], mats[0].shape[2]
     lmax = max(m.shape[0] for m in mats)
-    batch = np.zeros((len(mats), n_head_kv, lmax, d), dtype=np.float32)  # [B, Hkv, Lmax, d]
+    batch = np.zeros((len(mats), n_head_kv, lmax, d), dtype=np.float64)  # [B, Hkv, Lmax, d]
     for i, m in enumerate(mats):
         batch[i, :, : m.shape[0]] = m.transpose(1, 0, 2)
-    u, s, vt = np.linalg.svd(batch, full_matrices=False)  # u [B,Hkv,Lmax,k], s [B,Hkv,k], vt [B,Hkv,k,d]
+    gram = batch @ batch.transpose(0, 1, 3, 2)  # [B, Hkv, Lmax, Lmax]
+    w, u = np.linalg.eigh(gram)  # ascending eigenvalues
+    s = np.sqrt(np.maximum(w[..., ::-1], 0.0))  # [B, Hkv, Lmax] singular values, descending
+    u = u[..., ::-1]  # [B, Hkv, Lmax, Lmax] matching left singular vectors
     ranks = energy_rank(s, config.energy).max(axis=1)  # [B] one rank for all heads of a span
     out: list[Factors] = []
     for i, m in enumerate(mats):
@@ -84,8 +92,10 @@ def factorize(mats: list[np.ndarray], config: SekvConfig) -> list[Factors]:
         if r > config.r_max or r * (length + d) >= length * d:
             out.append(Factors(us=None, vt=None, raw=m.astype(np.float16)))
             continue
-        us = u[i, :, :length, :r] * s[i, :, None, :r]  # [Hkv, L, r]
-        out.append(Factors(us=us.astype(np.float16), vt=vt[i, :, :r, :].astype(np.float16), raw=None))
+        ui = u[i, :, :length, :r]  # [Hkv, L, r]
+        si = np.maximum(s[i, :, :r], 1e-30)  # [Hkv, r]
+        vt = np.swapaxes(ui, 1, 2) @ batch[i, :, :length] / si[:, :, None]  # [Hkv, r, d]
+        out.append(Factors(us=(ui * si[:, None, :]).astype(np.float16), vt=vt.astype(np.float16), raw=None))
     return out
 
 

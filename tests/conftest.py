@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from sekv_gguf.config import ContextConfig
+from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.session import Session
 from sekv_gguf.tiny_models import TinySpec, write_tiny_gemma3, write_tiny_llama, write_tiny_mrope
 
@@ -25,24 +26,7 @@ def assert_close_reordered(got: np.ndarray, want: np.ndarray, flash_attn: bool) 
     np.testing.assert_allclose(got, want, rtol=0, atol=ORDER_RTOL[flash_attn] * np.abs(want).max())
 
 
-def _stdlib_docs() -> str:
-    """Natural English text present on every machine: documentation strings of a few standard modules."""
-    import argparse
-    import collections
-    import inspect
-    import json
-    import textwrap
-
-    parts: list[str] = []
-    for mod in (argparse, collections, json, textwrap):
-        parts.append(inspect.getdoc(mod) or "")
-        for obj in vars(mod).values():
-            if inspect.isclass(obj) or inspect.isfunction(obj):
-                parts.append(inspect.getdoc(obj) or "")
-    return "\n\n".join(p for p in parts if p)
-
-
-_PROSE = _stdlib_docs()
+_PROSE = stdlib_prose()
 
 
 def prose(n_chars: int, offset: int = 0) -> str:

@@ -1,0 +1,140 @@
+"""Engine benchmark: ``full`` and ``sekv`` side by side in one process per length.
+
+Writes bench/engine.json (machine, commit, every parameter, per-case raw numbers) and bench/engine.png.
+
+    .venv/bin/python scripts/bench_engine.py                       # Gemma 3 270M 2K-32K + tiny llama 8K-64K
+    .venv/bin/python scripts/bench_engine.py --gemma 2048 --tiny 8192 --depths 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sekv_gguf.config import ContextConfig, SekvConfig  # noqa: E402
+from sekv_gguf.documents import needle_prompt  # noqa: E402
+from sekv_gguf.engine import generate, make_policy  # noqa: E402
+from sekv_gguf.models import default_model_path  # noqa: E402
+from sekv_gguf.session import load_model  # noqa: E402
+from sekv_gguf.tiny_models import TinySpec, write_tiny_llama  # noqa: E402
+
+POLICIES = ("full", "sekv")
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "processor": platform.processor()}
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_case(model, model_name: str, n_tokens: int, depth: float, n_predict: int, budget: float, seed: int,
+             ctx_config: ContextConfig) -> list[dict]:
+    count = lambda text: len(model.tokenize(text.encode(), add_bos=True, special=False))  # noqa: E731
+    needle = needle_prompt(count, n_tokens, depth, seed)
+    tokens = model.tokenize(needle.prompt.encode(), add_bos=True, special=False)
+    out = []
+    for name in POLICIES:
+        policy = make_policy(name, model, len(tokens) + n_predict, ctx_config, SekvConfig(kv_budget=budget))
+        t0 = time.perf_counter()
+        r = generate(policy, tokens, n_predict, model_name=model_name, stop_at_eos=False)
+        wall = time.perf_counter() - t0
+        policy.close()
+        row = r.to_json()
+        row.update({"n_tokens": n_tokens, "depth": depth, "answer": needle.answer,
+                    "correct": needle.answer in r.text, "wall_s": wall})
+        out.append(row)
+        print(f"{model_name} {n_tokens:>6} depth {depth:.2f} {name:>5}: kv {row['device_kv_bytes'] / 2**20:7.2f} MiB"
+              f" host {row['host_kv_bytes'] / 2**20:7.2f} MiB prefill {row['prefill_tok_s']:7.1f} tok/s decode "
+              f"{row['decode_tok_s']:6.1f} tok/s correct {row['correct']} {r.text.strip()[:24]!r}", flush=True)
+    return out
+
+
+def plot(cases: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({c["model"] for c in cases})
+    fig, axes = plt.subplots(len(models), 3, figsize=(14, 4 * len(models)), squeeze=False)
+    for row, model in zip(axes, models):
+        sub = [c for c in cases if c["model"] == model]
+        lengths = sorted({c["n_tokens"] for c in sub})
+
+        def series(policy: str, key: str) -> list[float]:
+            vals = []
+            for n in lengths:
+                xs = [c[key] for c in sub if c["n_tokens"] == n and c["policy"] == policy]
+                vals.append(sum(xs) / len(xs))
+            return vals
+
+        for policy in POLICIES:
+            row[0].plot(lengths, [v / 2**20 for v in series(policy, "device_kv_bytes")], "o-", label=f"{policy} device")
+            row[1].plot(lengths, series(policy, "prefill_tok_s"), "o-", label=policy)
+            row[2].plot(lengths, series(policy, "decode_tok_s"), "o-", label=policy)
+        row[0].plot(lengths, [v / 2**20 for v in series("sekv", "host_kv_bytes")], "s--", label="sekv host")
+        for ax, title in zip(row, ("KV memory (MiB)", "prefill tok/s", "decode tok/s")):
+            ax.set_title(f"{model}: {title}")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("context tokens")
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gemma", type=int, nargs="*", default=[2048, 8192, 16384, 32000])
+    ap.add_argument("--tiny", type=int, nargs="*", default=[8192, 16384, 32768, 65000])
+    ap.add_argument("--depths", type=float, nargs="*", default=[0.5])
+    ap.add_argument("--budget", type=float, default=0.25)
+    ap.add_argument("--n-predict", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "engine"))
+    args = ap.parse_args()
+
+    ctx_config = ContextConfig()
+    cases: list[dict] = []
+    if args.gemma:
+        path = default_model_path()
+        model = load_model(path, ctx_config)
+        for n in args.gemma:
+            for d in args.depths:
+                cases += run_case(model, "gemma3-270m", n, d, args.n_predict, args.budget, args.seed, ctx_config)
+    if args.tiny:
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = TinySpec(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head_dim=32, n_ff=256)
+            model = load_model(write_tiny_llama(Path(tmp) / "tiny.gguf", spec), ctx_config)
+            for n in args.tiny:
+                cases += run_case(model, "tiny-llama", n, 0.5, args.n_predict, args.budget, args.seed, ctx_config)
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"name": "engine", "machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
+              "params": vars(args) | {"context": ctx_config.__dict__, "sekv": SekvConfig(kv_budget=args.budget).__dict__},
+              "cases": cases}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    plot(cases, out.with_suffix(".png"))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
