@@ -71,9 +71,14 @@ class SekvConfig:
         when that rank exceeds ``r_max`` or its fp16 factors would not be smaller than the raw rows, the raw rows
         are kept instead, so the relative reconstruction error never exceeds sqrt(1 - energy).
     r_max: largest rank stored.
+    router: "mass" (default: each span's attention mass logsumexp_t q·k_t from its host factors) or "summary"
+        (the summary row's logit q·k̄ + log|S|); both training-free. On Gemma 3 270M needles at 4K / 25% budget the
+        summary score missed needles the mass score found, and energies of 0.95-0.995 lost them (see README).
     chunk: prompt tokens per llama_decode in streaming prefill.
     prefill: "streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size
         context, then compression), or "auto" (streaming when the prompt does not fit the budget).
+    max_new_zooms: most spans rebuilt per layer per decode step (the first routing after prefill has no limit);
+        bounds the host->device traffic of a step, the zoom cache keeps what is already resident.
     zoom_lag_refresh: re-decode the last prompt token after the first routing so the first generated token sees the
         zoomed spans (else it sees only summaries).
     compress_when_fits: compress even when prompt + generation fit the budget (for exactness checks and studies;
@@ -89,10 +94,12 @@ class SekvConfig:
     anchor_share: float = 0.05
     span_min: int = 16
     span_max: int = 64
-    energy: float = 0.95
-    r_max: int = 32
+    energy: float = 0.999
+    r_max: int = 64
     chunk: int = 256
     prefill: str = "auto"
+    router: str = "mass"
+    max_new_zooms: int = 2
     zoom_lag_refresh: bool = True
     compress_when_fits: bool = False
     cell_granularity: int = 256
@@ -116,6 +123,8 @@ class SekvConfig:
             raise ValueError(f"energy must be in (0, 1], got {self.energy}")
         if self.r_max < 1 or self.chunk < 1:
             raise ValueError(f"r_max and chunk must be >= 1, got {self.r_max}, {self.chunk}")
+        if self.router not in ("mass", "summary"):
+            raise ValueError(f"router must be mass or summary, got {self.router!r}")
         if self.prefill not in ("auto", "streaming", "exact"):
             raise ValueError(f"prefill must be auto, streaming or exact, got {self.prefill!r}")
 

@@ -1,36 +1,73 @@
-"""Routers: score spans for zoom-in from a hooked layer's captured query and the spans' summary keys.
+"""Routers: score spans for zoom-in from a hooked layer's captured query.
 
-The trained router (a later adapter) implements the same interface. Queries come from the hook: the query of the
-last decoded token (the previous step's query when the next token is decoded), scaled so that q · k is the
-attention logit.
+The query comes from the hook: the query of the last decoded token (the previous step's query when the next token is
+decoded), scaled so that q · k is the attention logit. The trained router (a later adapter) implements the same
+interface. ``ROUTERS`` maps names to classes.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Sequence
 
 import numpy as np
+
+from .spans import Span
 
 
 class Router(ABC):
     """Scores [n_spans] for one hooked layer: higher = zoom first."""
 
-    name: str = "router"
+    name: str = "router"  # what the run's JSON reports as "router"
+    score_kind: str = "router"  # key in ROUTERS
 
     @abstractmethod
-    def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
+              spans: Sequence[Span]) -> np.ndarray:
         """query f32 [n_head, d]; keys f32 [n_spans, n_head_kv, d] summary keys; lengths [n_spans] -> [n_spans]."""
 
 
-class TrainingFreeRouter(Router):
-    """``max over the query heads of a KV group of q·k̄ + log|S|`` (the summary's own attention logit)."""
+def _grouped(query: np.ndarray, n_head_kv: int) -> np.ndarray:
+    """[n_head, d] -> [n_head_kv, group, d]: the query heads that share each KV head."""
+    return query.reshape(n_head_kv, query.shape[0] // n_head_kv, -1)
+
+
+class SummaryRouter(Router):
+    """``max over the query heads of a KV group of q·k̄ + log|S|``: the summary row's own attention logit."""
 
     name = "training-free"
+    score_kind = "summary"
 
-    def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        n_head, n_head_kv = query.shape[0], keys.shape[1]
-        group = n_head // n_head_kv
-        # [n_spans, Hkv, d] x [Hkv, group, d] -> [n_spans, Hkv, group]
-        q = query.reshape(n_head_kv, group, -1)
-        logits = np.einsum("shd,hgd->shg", keys, q)
+    def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
+              spans: Sequence[Span]) -> np.ndarray:
+        q = _grouped(query, keys.shape[1])
+        logits = np.einsum("shd,hgd->shg", keys, q)  # [n_spans, Hkv, group]
         return logits.reshape(keys.shape[0], -1).max(axis=1) + np.log(lengths)
+
+
+class LowRankMassRouter(Router):
+    """The attention mass the span's tokens would get: ``max over query heads of logsumexp_t q·k_t`` with k_t rebuilt
+    from the span's host factors (U·S·Vᵀ) — exact up to the stored rank, no training, a few small GEMMs per span."""
+
+    name = "training-free"
+    score_kind = "mass"
+
+    def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
+              spans: Sequence[Span]) -> np.ndarray:
+        out = np.empty(len(spans), dtype=np.float64)
+        q = _grouped(query, keys.shape[1]).astype(np.float32)  # [Hkv, group, d]
+        for i, span in enumerate(spans):
+            f = span.k[ikv]
+            if f.raw is not None:
+                logits = np.einsum("lhd,hgd->hgl", f.raw.astype(np.float32), q)  # [Hkv, group, L]
+            else:
+                # (q Vᵀ) (U S)ᵀ: [Hkv, group, r] x [Hkv, L, r] -> [Hkv, group, L]
+                qv = np.einsum("hgd,hrd->hgr", q, f.vt.astype(np.float32))
+                logits = np.einsum("hgr,hlr->hgl", qv, f.us.astype(np.float32))
+            m = logits.max(axis=-1, keepdims=True)
+            lse = m[..., 0] + np.log(np.exp(logits - m).sum(axis=-1))  # [Hkv, group]
+            out[i] = lse.max()
+        return out
+
+
+ROUTERS: dict[str, type[Router]] = {cls.score_kind: cls for cls in (SummaryRouter, LowRankMassRouter)}

@@ -27,7 +27,7 @@ from threadpoolctl import ThreadpoolController
 from .. import native
 from ..config import ContextConfig, SekvConfig
 from ..errors import BudgetError
-from ..router import Router, TrainingFreeRouter
+from ..router import ROUTERS, Router
 from ..segment import Segmenter
 from ..session import Session
 from ..spans import Span, factorize, weighted_mean
@@ -57,7 +57,7 @@ class SekvPolicy(Policy):
     def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, config: SekvConfig | None = None,
                  router: Router | None = None, observer: Callable[[Policy], None] | None = None, **_: Any):
         self.config = config = config or SekvConfig()
-        self.router = router or TrainingFreeRouter()
+        self.router = router or ROUTERS[config.router]()
         self.n_context = n_context
         self.budget = config.budget_cells(n_context)
         # nothing ever needs compressing: behave as full KV
@@ -332,7 +332,7 @@ class SekvPolicy(Policy):
         self.counters["route_calls"] += 1
         for ikv in range(self.n_layer):
             query = hook.query(ikv) if queries is None else queries[ikv]
-            scores = self.router.score(ikv, query, self.keys[ikv], lengths)
+            scores = self.router.score(ikv, query, self.keys[ikv], lengths, self.spans)
             chosen, used = [], 0
             for sid in np.argsort(-scores, kind="stable"):
                 if used + lengths[sid] <= self.n_zoom:
@@ -350,7 +350,9 @@ class SekvPolicy(Policy):
         taken = np.zeros(self.slots.size, dtype=bool)
         for idx in resident.values():
             taken[idx] = True
-        want = [sid for sid in chosen if sid not in resident]
+        want = [sid for sid in chosen if sid not in resident]  # in score order
+        if self.steps > 0:
+            want = want[: self.config.max_new_zooms]
         need = sum(self.spans[sid].length for sid in want)
         # evict the least recently used spans that were not chosen until the new ones fit
         for sid in sorted((s for s in resident if s not in chosen), key=lambda s: last_use[s]):
@@ -390,6 +392,7 @@ class SekvPolicy(Policy):
             "host_kv_bytes": int(sum(s.nbytes for s in self.spans)),
             "sekv": {
                 "router": self.router.name,
+                "router_score": self.router.score_kind,
                 "budget_cells": self.budget,
                 "window": self.window,
                 "zoom_slots": int(self.slots.size),
