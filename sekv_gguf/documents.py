@@ -143,14 +143,16 @@ def needle_prompt(count_tokens, n_tokens: int, depth: float, seed: int = 0) -> N
     question = (f"\n\nWhat is the special magic number for {city} mentioned in the provided text? "
                 f"The special magic number for {city} is:")
     hay = stdlib_prose()
-    chars_per_token = max(len(hay[:20000]) / max(count_tokens(hay[:20000]), 1), 1.0)
     budget = n_tokens - count_tokens(needle + question) - 1
-    n_chars = int(budget * chars_per_token)
     start = rng.randrange(0, max(len(hay) - 1, 1))
-    text = (hay[start:] + "\n\n" + hay) * (1 + n_chars // len(hay))
-    body = text[:n_chars]
-    while count_tokens(body) > budget:
-        body = body[: int(len(body) * 0.98)]
+    text = hay[start:] + "\n\n" + hay
+    while count_tokens(text) < budget:
+        text += "\n\n" + hay
+    lo, hi = 0, len(text)  # the longest prefix of text that fits the token budget
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if count_tokens(text[:mid]) <= budget else (lo, mid)
+    body = text[:lo]
     cut = int(len(body) * depth)
     cut = max(body.rfind(". ", 0, cut) + 2, 0) if cut > 0 else 0
     return Needle(prompt=body[:cut] + needle + body[cut:] + question, answer=number, depth=depth)

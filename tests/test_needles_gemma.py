@@ -23,7 +23,7 @@ def test_needles_at_quarter_budget(gemma_path):
     for i, depth in enumerate(DEPTHS):
         needle = needle_prompt(count, N_TOKENS, depth, seed=i)
         tokens = model.tokenize(needle.prompt.encode(), add_bos=True, special=False)
-        assert abs(len(tokens) - N_TOKENS) < 0.05 * N_TOKENS
+        assert abs(len(tokens) - N_TOKENS) < 32
         for name in correct:
             policy = make_policy(name, model, len(tokens) + N_PREDICT, config=SekvConfig(kv_budget=0.25))
             run = generate(policy, tokens, N_PREDICT)
