@@ -77,6 +77,8 @@ class SekvConfig:
     chunk: prompt tokens per llama_decode in streaming prefill.
     prefill: "streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size
         context, then compression), or "auto" (streaming when the prompt does not fit the budget).
+    route_every: decode steps between routings (1: every step). The mass score costs O(span tokens · d) per layer on
+        the host, so routing every step would cost about as much as full attention; zoomed spans stay resident between.
     max_new_zooms: most spans rebuilt per layer per decode step (the first routing after prefill has no limit);
         bounds the host->device traffic of a step, the zoom cache keeps what is already resident.
     zoom_lag_refresh: re-decode the last prompt token after the first routing so the first generated token sees the
@@ -99,6 +101,7 @@ class SekvConfig:
     chunk: int = 256
     prefill: str = "auto"
     router: str = "mass"
+    route_every: int = 4
     max_new_zooms: int = 2
     zoom_lag_refresh: bool = True
     compress_when_fits: bool = False
@@ -121,10 +124,12 @@ class SekvConfig:
             raise ValueError(f"need 1 <= span_min <= span_max, got {self.span_min}, {self.span_max}")
         if not 0 < self.energy <= 1:
             raise ValueError(f"energy must be in (0, 1], got {self.energy}")
+        if self.route_every < 1 or self.max_new_zooms < 1:
+            raise ValueError(f"route_every and max_new_zooms must be >= 1, got {self.route_every}, {self.max_new_zooms}")
         if self.r_max < 1 or self.chunk < 1:
             raise ValueError(f"r_max and chunk must be >= 1, got {self.r_max}, {self.chunk}")
-        if self.router not in ("mass", "summary"):
-            raise ValueError(f"router must be mass or summary, got {self.router!r}")
+        if self.router not in ("mass", "summary", "bound"):
+            raise ValueError(f"router must be mass, summary or bound, got {self.router!r}")
         if self.prefill not in ("auto", "streaming", "exact"):
             raise ValueError(f"prefill must be auto, streaming or exact, got {self.prefill!r}")
 

@@ -23,8 +23,9 @@ class Router(ABC):
 
     @abstractmethod
     def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
-              spans: Sequence[Span]) -> np.ndarray:
-        """query f32 [n_head, d]; keys f32 [n_spans, n_head_kv, d] summary keys; lengths [n_spans] -> [n_spans]."""
+              spans: Sequence[Span], bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """query f32 [n_head, d]; keys f32 [n_spans, n_head_kv, d] summary keys; lengths [n_spans]; bounds: the
+        channel-wise (min, max) of each span's keys, [n_spans, n_head_kv, d] each -> scores [n_spans]."""
 
 
 def _grouped(query: np.ndarray, n_head_kv: int) -> np.ndarray:
@@ -39,7 +40,7 @@ class SummaryRouter(Router):
     score_kind = "summary"
 
     def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
-              spans: Sequence[Span]) -> np.ndarray:
+              spans: Sequence[Span], bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         q = _grouped(query, keys.shape[1])
         logits = np.einsum("shd,hgd->shg", keys, q)  # [n_spans, Hkv, group]
         return logits.reshape(keys.shape[0], -1).max(axis=1) + np.log(lengths)
@@ -53,7 +54,7 @@ class LowRankMassRouter(Router):
     score_kind = "mass"
 
     def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
-              spans: Sequence[Span]) -> np.ndarray:
+              spans: Sequence[Span], bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         out = np.empty(len(spans), dtype=np.float64)
         q = _grouped(query, keys.shape[1]).astype(np.float32)  # [Hkv, group, d]
         for i, span in enumerate(spans):
@@ -70,4 +71,20 @@ class LowRankMassRouter(Router):
         return out
 
 
-ROUTERS: dict[str, type[Router]] = {cls.score_kind: cls for cls in (SummaryRouter, LowRankMassRouter)}
+class BoundRouter(Router):
+    """Quest-style upper bound of the best token logit in a span: ``sum_d max(q_d kmin_d, q_d kmax_d)`` from the
+    channel-wise min/max of its keys, max over the query heads of a KV group. O(n_spans * d) per layer."""
+
+    name = "training-free"
+    score_kind = "bound"
+
+    def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
+              spans: Sequence[Span], bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        lo, hi = bounds
+        q = _grouped(query, keys.shape[1])  # [Hkv, group, d]
+        # [n_spans, Hkv, 1, d] * [Hkv, group, d] -> max of the two products, summed over d: [n_spans, Hkv, group]
+        ub = np.maximum(lo[:, :, None, :] * q, hi[:, :, None, :] * q).sum(axis=-1)
+        return ub.reshape(ub.shape[0], -1).max(axis=1)
+
+
+ROUTERS: dict[str, type[Router]] = {cls.score_kind: cls for cls in (SummaryRouter, LowRankMassRouter, BoundRouter)}

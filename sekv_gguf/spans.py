@@ -51,6 +51,8 @@ class Span:
     k: list[Factors] = field(default_factory=list)      # [n_layer_kv]
     v: list[Factors] = field(default_factory=list)      # [n_layer_kv]
     k_mean: list[np.ndarray] = field(default_factory=list)  # f32 [n_head_kv, d] per layer (routing keys)
+    k_min: list[np.ndarray] = field(default_factory=list)   # f32 [n_head_kv, d] per layer: channel-wise min of K
+    k_max: list[np.ndarray] = field(default_factory=list)   # f32 [n_head_kv, d] per layer: channel-wise max of K
 
     @property
     def length(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from sekv_gguf.config import SekvConfig
@@ -25,7 +27,8 @@ def test_needles_at_quarter_budget(gemma_path):
         tokens = model.tokenize(needle.prompt.encode(), add_bos=True, special=False)
         assert abs(len(tokens) - N_TOKENS) < 32
         for name in correct:
-            policy = make_policy(name, model, len(tokens) + N_PREDICT, config=SekvConfig(kv_budget=0.25))
+            policy = make_policy(name, model, len(tokens) + N_PREDICT,
+                                 config=SekvConfig(kv_budget=0.25, router=os.environ.get("SEKV_ROUTER", "mass")))
             run = generate(policy, tokens, N_PREDICT)
             if name == "sekv":  # the hooked cache holds a quarter of the context (rounded up to 256 cells)
                 assert run.sekv["budget_cells"] <= -(-len(tokens) // 4 // 256) * 256 + 256

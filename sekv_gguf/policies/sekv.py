@@ -9,7 +9,8 @@ Device layout (cells of the hooked cache, all below the budget):
   zoom slots ``zoom_share`` of the budget, claimed at position 0; per layer they hold that layer's zoomed spans
              (bias 0) or nothing (bias ``-inf``)
   window     the newest tokens (plus a short pending tail waiting to form a span)
-Routing uses the query the hook captured at the previous decode (the previous step's query).
+Routing uses the query the hook captured at the previous decode (the previous step's query), right after prefill
+and then every ``route_every`` steps.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class SekvPolicy(Policy):
         self.win_surp: list[float] = []
         self.spans: list[Span] = []
         self.keys: list[np.ndarray] = [np.zeros((0,)) for _ in range(self.n_layer)]  # [n_spans, Hkv, d] per layer
+        # per layer: channel-wise (min, max) of every span's K [n_spans, Hkv, d] each
+        self.bounds: list[tuple[np.ndarray, np.ndarray] | None] = [None] * self.n_layer
         self.slots = np.zeros(0, dtype=np.int32)    # zoom slot cells
         # per layer: span id -> slot indices, and last use (step) of each resident span
         self.resident: list[dict[int, np.ndarray]] = [{} for _ in range(self.n_layer)]
@@ -235,7 +238,7 @@ class SekvPolicy(Policy):
         logits = self._decode([token], "last")
         self.steps += 1
         self._maintain()
-        if self.spans:
+        if self.spans and self.steps % self.config.route_every == 0:
             self._route()
         self.notify()
         return logits
@@ -287,8 +290,10 @@ class SekvPolicy(Policy):
                 span.v.append(vf)
             km = [weighted_mean(kp, surp[g]) for kp, g in zip(k_parts, groups)]
             vm = [weighted_mean(vp, surp[g]) for vp, g in zip(v_parts, groups)]
-            for span, m in zip(new, km):
+            for span, m, kp in zip(new, km, k_parts):
                 span.k_mean.append(m)
+                span.k_min.append(kp.min(axis=0))
+                span.k_max.append(kp.max(axis=0))
             k_sum.append(np.stack(km).reshape(len(groups), -1).astype(np.float16))
             v_sum.append(np.stack(vm).reshape(len(groups), -1).astype(np.float16))
         # the tokens' cells go; one summary cell per span comes (position: the span's last)
@@ -306,6 +311,9 @@ class SekvPolicy(Policy):
         for ikv in range(self.n_layer):
             add = np.stack([s.k_mean[ikv] for s in new])
             self.keys[ikv] = add if self.keys[ikv].size == 0 else np.concatenate([self.keys[ikv], add])
+            lo, hi = np.stack([s.k_min[ikv] for s in new]), np.stack([s.k_max[ikv] for s in new])
+            self.bounds[ikv] = (lo, hi) if self.bounds[ikv] is None else (
+                np.concatenate([self.bounds[ikv][0], lo]), np.concatenate([self.bounds[ikv][1], hi]))
         if self.slots.size == 0 and self.n_zoom > 0:
             self._claim_slots()
 
@@ -332,7 +340,7 @@ class SekvPolicy(Policy):
         self.counters["route_calls"] += 1
         for ikv in range(self.n_layer):
             query = hook.query(ikv) if queries is None else queries[ikv]
-            scores = self.router.score(ikv, query, self.keys[ikv], lengths, self.spans)
+            scores = self.router.score(ikv, query, self.keys[ikv], lengths, self.spans, self.bounds[ikv])
             chosen, used = [], 0
             for sid in np.argsort(-scores, kind="stable"):
                 if used + lengths[sid] <= self.n_zoom:
