@@ -44,20 +44,21 @@ def commit() -> str:
         return "unknown"
 
 
-def run_case(model, model_name: str, n_tokens: int, depth: float, n_predict: int, budget: float, seed: int,
-             ctx_config: ContextConfig) -> list[dict]:
+def run_case(model, model_name: str, n_tokens: int, depth: float, n_predict: int, budget: float, min_budget: int,
+             seed: int, ctx_config: ContextConfig) -> list[dict]:
     count = lambda text: len(model.tokenize(text.encode(), add_bos=True, special=False))  # noqa: E731
     needle = needle_prompt(count, n_tokens, depth, seed)
     tokens = model.tokenize(needle.prompt.encode(), add_bos=True, special=False)
     out = []
+    cells = max(int(budget * (len(tokens) + n_predict)), min_budget)  # short contexts need a floor of cells
     for name in POLICIES:
-        policy = make_policy(name, model, len(tokens) + n_predict, ctx_config, SekvConfig(kv_budget=budget))
+        policy = make_policy(name, model, len(tokens) + n_predict, ctx_config, SekvConfig(kv_budget=cells))
         t0 = time.perf_counter()
         r = generate(policy, tokens, n_predict, model_name=model_name, stop_at_eos=False)
         wall = time.perf_counter() - t0
         policy.close()
         row = r.to_json()
-        row.update({"n_tokens": n_tokens, "depth": depth, "answer": needle.answer,
+        row.update({"n_tokens": n_tokens, "depth": depth, "budget_cells_asked": cells, "answer": needle.answer,
                     "correct": needle.answer in r.text, "wall_s": wall})
         out.append(row)
         print(f"{model_name} {n_tokens:>6} depth {depth:.2f} {name:>5}: kv {row['device_kv_bytes'] / 2**20:7.2f} MiB"
@@ -104,7 +105,8 @@ def main() -> int:
     ap.add_argument("--gemma", type=int, nargs="*", default=[2048, 8192, 16384, 32000])
     ap.add_argument("--tiny", type=int, nargs="*", default=[8192, 16384, 32768, 65000])
     ap.add_argument("--depths", type=float, nargs="*", default=[0.5])
-    ap.add_argument("--budget", type=float, default=0.25)
+    ap.add_argument("--budget", type=float, default=0.1, help="device budget as a share of the context")
+    ap.add_argument("--min-budget", type=int, default=1024, help="but at least this many cells")
     ap.add_argument("--n-predict", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "engine"))
@@ -117,13 +119,15 @@ def main() -> int:
         model = load_model(path, ctx_config)
         for n in args.gemma:
             for d in args.depths:
-                cases += run_case(model, "gemma3-270m", n, d, args.n_predict, args.budget, args.seed, ctx_config)
+                cases += run_case(model, "gemma3-270m", n, d, args.n_predict, args.budget, args.min_budget, args.seed,
+                                  ctx_config)
     if args.tiny:
         with tempfile.TemporaryDirectory() as tmp:
             spec = TinySpec(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head_dim=32, n_ff=256)
             model = load_model(write_tiny_llama(Path(tmp) / "tiny.gguf", spec), ctx_config)
             for n in args.tiny:
-                cases += run_case(model, "tiny-llama", n, 0.5, args.n_predict, args.budget, args.seed, ctx_config)
+                cases += run_case(model, "tiny-llama", n, 0.5, args.n_predict, args.budget, args.min_budget, args.seed,
+                                  ctx_config)
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -94,7 +94,7 @@ class SekvConfig:
     zoom_share: float = 0.25
     anchor_alpha: float = 1.0
     anchor_share: float = 0.05
-    span_min: int = 16
+    span_min: int = 32
     span_max: int = 64
     energy: float = 0.999
     r_max: int = 64

@@ -77,6 +77,20 @@ def open_session() -> Iterator[Callable[..., Session]]:
         s.close()
 
 
+def prefilled(open_session: Callable[..., Session], path: Path, text: str, **config: object) -> tuple[Session, int]:
+    """A session that decoded ``text`` minus its last token, and that last token."""
+    s = open_session(path, **config)
+    toks = s.tokenize(text)
+    s.decode(toks[:-1], logits="none")
+    return s, toks[-1]
+
+
+def full_kv_logits(open_session: Callable[..., Session], path: Path, text: str, **config: object) -> np.ndarray:
+    """Next-token logits after ``text`` on an untouched cache (the reference every re-celling is compared with)."""
+    s, last = prefilled(open_session, path, text, **config)
+    return s.decode([last])
+
+
 def seq_cells(session: Session) -> np.ndarray:
     """Cells of sequence 0 in the hooked cache, in position order."""
     pos = session.hook.cells_pos()

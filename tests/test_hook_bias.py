@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import GEMMA_SPEC, LLAMA_SPEC, assert_close_reordered, prose, seq_cells
+from conftest import GEMMA_SPEC, LLAMA_SPEC, assert_close_reordered, full_kv_logits, prefilled, prose, seq_cells
 from reference import forward
 from sekv_gguf.tiny_models import tiny_weights
 
@@ -14,10 +14,8 @@ PATHS = pytest.mark.parametrize("flash_attn", [True, False], ids=["flash", "soft
 
 
 def _prefilled(open_session, path, text: str, **cfg):
-    s = open_session(path, **CFG, **cfg)
-    toks = s.tokenize(text)
-    s.decode(toks[:-1], logits="none")
-    return s, toks
+    s, _ = prefilled(open_session, path, text, **CFG, **cfg)
+    return s, s.tokenize(text)
 
 
 @PATHS
@@ -45,19 +43,14 @@ def test_minus_inf_bias_equals_release(open_session, tiny_llama, flash_attn):
     got = s.decode(toks[-1:])
     # release moves the slot search to the freed cells, so the new token lands in another cell than with the bias
     assert_close_reordered(got, want, flash_attn)
-    assert np.abs(got - s_full_logits(open_session, tiny_llama, text, flash_attn)).max() > 1e-2
+    assert np.abs(got - full_kv_logits(open_session, tiny_llama, text, **CFG, flash_attn=flash_attn)).max() > 1e-2
 
     # switching the bias off rebuilds the graph without it: the masked cells are back
     s2, _ = _prefilled(open_session, tiny_llama, text, flash_attn=flash_attn)
     s2.hook.enable_bias()
     s2.hook.set_bias_cells(-1, cells, -np.inf)
     s2.hook.enable_bias(False)
-    np.testing.assert_array_equal(s2.decode(toks[-1:]), s_full_logits(open_session, tiny_llama, text, flash_attn))
-
-
-def s_full_logits(open_session, path, text: str, flash_attn: bool) -> np.ndarray:
-    s, toks = _prefilled(open_session, path, text, flash_attn=flash_attn)
-    return s.decode(toks[-1:])
+    np.testing.assert_array_equal(s2.decode(toks[-1:]), full_kv_logits(open_session, tiny_llama, text, **CFG, flash_attn=flash_attn))
 
 
 @pytest.mark.parametrize("model", ["llama", "gemma"])

@@ -5,16 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import assert_close_reordered, prose, seq_cells
+from conftest import assert_close_reordered, full_kv_logits, prefilled, prose, seq_cells
 
 NEXT = "x"
-
-
-def _prefill(session, text: str) -> tuple[list[int], int]:
-    """Decode ``text`` minus its last token; return the tokens and that last token."""
-    toks = session.tokenize(text)
-    session.decode(toks[:-1], logits="none")
-    return toks, toks[-1]
 
 
 def _all_rows(session, cells):
@@ -23,12 +16,9 @@ def _all_rows(session, cells):
 
 def _round_trip(open_session, path, n_chars: int, **cfg) -> None:
     text = prose(n_chars)
-    untouched = open_session(path, **cfg)
-    _, last = _prefill(untouched, text)
-    want = untouched.decode([last])
+    want = full_kv_logits(open_session, path, text, **cfg)
 
-    s = open_session(path, **cfg)
-    _, last = _prefill(s, text)
+    s, last = prefilled(open_session, path, text, **cfg)
     cells = seq_cells(s)
     saved = _all_rows(s, cells)
     for ikv, (k, v) in enumerate(saved):
@@ -41,8 +31,7 @@ def _round_trip(open_session, path, n_chars: int, **cfg) -> None:
     np.testing.assert_array_equal(got, want)
 
     # the cache contents matter: with the rows left at zero the logits change
-    z = open_session(path, **cfg)
-    _, last = _prefill(z, text)
+    z, last = prefilled(open_session, path, text, **cfg)
     for ikv, (k, v) in enumerate(saved):
         z.hook.set_rows(ikv, seq_cells(z), np.zeros_like(k), np.zeros_like(v))
     assert np.abs(z.decode([last]) - want).max() > 1e-3
@@ -82,12 +71,9 @@ def test_relocation_matches_full_kv(open_session, tiny_llama, flash_attn):
     """Release a range of cells and re-insert their rows elsewhere at the same positions: same logits."""
     cfg = dict(n_ctx=512, n_batch=128, n_ubatch=128, flash_attn=flash_attn)
     text = prose(350, offset=1000)
-    full = open_session(tiny_llama, **cfg)
-    _, last = _prefill(full, text)
-    want = full.decode([last])
+    want = full_kv_logits(open_session, tiny_llama, text, **cfg)
 
-    s = open_session(tiny_llama, **cfg)
-    _, last = _prefill(s, text)
+    s, last = prefilled(open_session, tiny_llama, text, **cfg)
     cells = seq_cells(s)
     pos = s.hook.cells_pos()[cells]
     moved = cells[20:120]  # not the newest
@@ -103,7 +89,6 @@ def test_relocation_matches_full_kv(open_session, tiny_llama, flash_attn):
     assert_close_reordered(got, want, flash_attn)
 
     # without re-insertion the logits differ: the released cells really left attention
-    r = open_session(tiny_llama, **cfg)
-    _, last = _prefill(r, text)
+    r, last = prefilled(open_session, tiny_llama, text, **cfg)
     r.hook.release(seq_cells(r)[20:120])
     assert np.abs(r.decode([last]) - want).max() > 1e-2
