@@ -133,10 +133,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def observe(policy: Any) -> None:
         bar = state["bar"]
-        pos = min(policy.session.pos_max() + 1, len(tokens))
-        if bar is not None and not state["decoding"] and pos > state["done"]:
-            bar.update(pos - state["done"])
-            state["done"] = pos
+        if bar is None or state["decoding"]:
+            return
+        if policy.phase == "compress" and state.get("phase") != "compress":
+            bar.set_description(f"compress ({args.policy})")
+            state["phase"] = "compress"
+        if policy.n_prefilled > state["done"]:
+            bar.update(policy.n_prefilled - state["done"])
+            state["done"] = policy.n_prefilled
 
     policy = make_policy(args.policy, model, n_context, ctx_config, config, observer=observe)
     bar = state["bar"] = tqdm(total=len(tokens), desc=f"prefill ({args.policy})", unit="tok", file=sys.stderr,

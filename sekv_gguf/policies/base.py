@@ -25,6 +25,8 @@ class Policy(ABC):
     def __init__(self, session: Session, observer: Callable[["Policy"], None] | None = None):
         self.session = session
         self.observer = observer
+        self.phase = "prefill"  # what the policy is doing when it notifies: prefill, compress, decode
+        self.n_prefilled = 0    # prompt tokens through the model so far
 
     @abstractmethod
     def prefill(self, tokens: list[int]) -> np.ndarray:

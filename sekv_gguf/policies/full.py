@@ -25,7 +25,9 @@ class FullPolicy(Policy):
         logits = None
         for c0 in range(0, len(tokens), self.session.n_batch):
             logits = self.session.decode(tokens[c0:c0 + self.session.n_batch])
+            self.n_prefilled = min(c0 + self.session.n_batch, len(tokens))
             self.notify()
+        self.phase = "decode"
         return logits
 
     def step(self, token: int) -> np.ndarray:

@@ -153,11 +153,13 @@ class SekvPolicy(Policy):
             chunk = tokens[c0:c0 + self.chunk]
             logits = self._decode(chunk, "last" if self.fits else "all")
             self._maintain()
+            self.n_prefilled = c0 + len(chunk)
             self.notify()
         if self.spans:
             self._route()
             if self.config.zoom_lag_refresh:
                 logits = self._redecode_last(tokens[-1])
+        self.phase = "decode"
         return logits
 
     def _prefill_exact(self, tokens: list[int]) -> np.ndarray:
@@ -173,15 +175,20 @@ class SekvPolicy(Policy):
                 rows = lg[:-1] if prev is None else np.concatenate([prev[None, :], lg[:-1]])
                 surp[c0 + (prev is None):c0 + len(chunk)] = native.surprisal(rows, chunk[prev is None:])
                 prev = lg[-1].copy()
+                self.n_prefilled = c0 + len(chunk)
+                self.notify()
             self.prev_logits = prev
+            self.phase = "compress"
+            self.notify()
             self._transfer(full, surp)
             queries = [full.hook.query(ikv) for ikv in range(self.n_layer)]
         finally:
             full.close()
-        self.notify()
         if self.spans:
             self._route(queries)
-        return self._redecode_last(tokens[-1])
+        logits = self._redecode_last(tokens[-1])
+        self.phase = "decode"
+        return logits
 
     def _transfer(self, full: Session, surp: np.ndarray) -> None:
         """Segment and compress the full context's tokens; copy the resident ones into the budget context."""
