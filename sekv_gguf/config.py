@@ -81,8 +81,8 @@ class SekvConfig:
         the host, so routing every step would cost about as much as full attention; zoomed spans stay resident between.
     max_new_zooms: most spans rebuilt per layer per decode step (the first routing after prefill has no limit);
         bounds the host->device traffic of a step, the zoom cache keeps what is already resident.
-    zoom_lag_refresh: re-decode the last prompt token after the first routing so the first generated token sees the
-        zoomed spans (else it sees only summaries).
+    zoom_lag_refresh: re-decode the last ``refresh_tokens`` prompt tokens after the first routing, so the end of the
+        prompt (typically the question) and the first generated token see the zoomed spans, not only summaries.
     compress_when_fits: compress even when prompt + generation fit the budget (for exactness checks and studies;
         by default such a run is plain full KV).
     """
@@ -104,6 +104,7 @@ class SekvConfig:
     route_every: int = 4
     max_new_zooms: int = 2
     zoom_lag_refresh: bool = True
+    refresh_tokens: int = 1
     compress_when_fits: bool = False
     cell_granularity: int = 256
 
@@ -124,6 +125,8 @@ class SekvConfig:
             raise ValueError(f"need 1 <= span_min <= span_max, got {self.span_min}, {self.span_max}")
         if not 0 < self.energy <= 1:
             raise ValueError(f"energy must be in (0, 1], got {self.energy}")
+        if self.refresh_tokens < 1:
+            raise ValueError(f"refresh_tokens must be >= 1, got {self.refresh_tokens}")
         if self.route_every < 1 or self.max_new_zooms < 1:
             raise ValueError(f"route_every and max_new_zooms must be >= 1, got {self.route_every}, {self.max_new_zooms}")
         if self.r_max < 1 or self.chunk < 1:

@@ -94,6 +94,7 @@ class SekvPolicy(Policy):
         self.resident: list[dict[int, np.ndarray]] = [{} for _ in range(self.n_layer)]
         self.last_use: list[dict[int, int]] = [{} for _ in range(self.n_layer)]
         self.prev_logits: np.ndarray | None = None
+        self.last_ubatch = 0  # tokens in the last prompt ubatch (bounds what can be re-decoded, see _redecode_tail)
         self.steps = 0
         self.counters = {"zooms": 0, "rebuilt_rows": 0, "route_calls": 0, "compress_s": 0.0, "zoom_s": 0.0}
 
@@ -152,13 +153,14 @@ class SekvPolicy(Policy):
         for c0 in range(0, len(tokens), self.chunk):
             chunk = tokens[c0:c0 + self.chunk]
             logits = self._decode(chunk, "last" if self.fits else "all")
+            self.last_ubatch = len(chunk)
             self._maintain()
             self.n_prefilled = c0 + len(chunk)
             self.notify()
         if self.spans:
             self._route()
             if self.config.zoom_lag_refresh:
-                logits = self._redecode_last(tokens[-1])
+                logits = self._redecode_tail(tokens)
         self.phase = "decode"
         return logits
 
@@ -175,6 +177,7 @@ class SekvPolicy(Policy):
                 rows = lg[:-1] if prev is None else np.concatenate([prev[None, :], lg[:-1]])
                 surp[c0 + (prev is None):c0 + len(chunk)] = native.surprisal(rows, chunk[prev is None:])
                 prev = lg[-1].copy()
+                self.last_ubatch = len(chunk)
                 self.n_prefilled = c0 + len(chunk)
                 self.notify()
             self.prev_logits = prev
@@ -186,7 +189,7 @@ class SekvPolicy(Policy):
             full.close()
         if self.spans:
             self._route(queries)
-        logits = self._redecode_last(tokens[-1])
+        logits = self._redecode_tail(tokens)
         self.phase = "decode"
         return logits
 
@@ -225,18 +228,27 @@ class SekvPolicy(Policy):
         if groups:
             self._compress(groups, source=full, source_cells=cell_full, surp=surp, positions=np.arange(n))
 
-    def _redecode_last(self, token: int) -> np.ndarray:
-        """Decode the last prompt token again, now that the router has zoomed in for it."""
-        p = self.session.pos_max()
-        llama_cpp.llama_memory_seq_rm(self.session.memory, 0, p, -1)
-        assert self.win_pos and self.win_pos[-1] == p
-        surp = self.win_surp[-1]
-        del self.win_pos[-1], self.win_cell[-1], self.win_surp[-1]
-        out = self.session.decode([token], pos0=p)
-        cell = int(np.flatnonzero(self.session.hook.cells_pos() == p)[0])
-        self.win_pos.append(p)
-        self.win_cell.append(cell)
-        self.win_surp.append(surp)
+    def _redecode_tail(self, tokens: list[int]) -> np.ndarray:
+        """Decode the last ``refresh_tokens`` prompt tokens again, now that the router has zoomed in for the prompt's
+        end: the question at the end of a long prompt then reads the rebuilt spans, not only their summaries."""
+        p_last = self.session.pos_max()
+        k = max(1, min(self.config.refresh_tokens, len(tokens), len(self.win_pos)))
+        if self.session.hook.info.is_iswa:
+            # known issue: on iSWA models re-decoding more than the last token after an exact-prefill transfer does not
+            # reproduce full KV (plain llama.cpp re-decodes such a tail exactly), so only the last token is redone
+            k = min(k, 1, self.last_ubatch)
+        p0 = p_last - k + 1
+        assert self.win_pos[-k] == p0 and self.win_pos[-1] == p_last
+        llama_cpp.llama_memory_seq_rm(self.session.memory, 0, p0, -1)
+        surp = self.win_surp[-k:]
+        del self.win_pos[-k:], self.win_cell[-k:], self.win_surp[-k:]
+        out = self.session.decode(tokens[-k:], pos0=p0)
+        pos = self.session.hook.cells_pos()
+        cells = np.flatnonzero(pos >= p0)
+        cells = cells[np.argsort(pos[cells])]
+        self.win_pos.extend(range(p0, p_last + 1))
+        self.win_cell.extend(int(c) for c in cells)
+        self.win_surp.extend(surp)
         self.prev_logits = out.copy()
         self.notify()
         return out
