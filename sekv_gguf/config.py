@@ -104,7 +104,7 @@ class SekvConfig:
     route_every: int = 4
     max_new_zooms: int = 2
     zoom_lag_refresh: bool = True
-    refresh_tokens: int = 1
+    refresh_tokens: int = 32
     compress_when_fits: bool = False
     cell_granularity: int = 256
 

@@ -95,6 +95,7 @@ class SekvPolicy(Policy):
         self.last_use: list[dict[int, int]] = [{} for _ in range(self.n_layer)]
         self.prev_logits: np.ndarray | None = None
         self.last_ubatch = 0  # tokens in the last prompt ubatch (bounds what can be re-decoded, see _redecode_tail)
+        self.swa_transferred = False  # the SWA cache came from another context (exact prefill)
         self.steps = 0
         self.counters = {"zooms": 0, "rebuilt_rows": 0, "route_calls": 0, "compress_s": 0.0, "zoom_s": 0.0}
 
@@ -219,6 +220,7 @@ class SekvPolicy(Policy):
             got = llama_cpp.llama_state_seq_get_data_ext(full.ctx, buf, size, 0, flag)
             if got != size or llama_cpp.llama_state_seq_set_data_ext(self.session.ctx, buf, size, 0, flag) != size:
                 raise BudgetError("the sliding-window cache does not fit the budget context")
+            self.swa_transferred = True
         cells = np.arange(resident.size, dtype=np.int32)
         hook.claim(cells, resident.astype(np.int32))
         for ikv in range(self.n_layer):
@@ -238,9 +240,9 @@ class SekvPolicy(Policy):
         p_last = self.session.pos_max()
         k = max(1, min(self.config.refresh_tokens, len(tokens), len(self.win_pos)))
         if self.session.hook.info.is_iswa:
-            # known issue: on iSWA models re-decoding more than the last token after an exact-prefill transfer does not
-            # reproduce full KV (plain llama.cpp re-decodes such a tail exactly), so only the last token is redone
-            k = min(k, 1, self.last_ubatch)
+            # the sliding-window cache must still hold the window before the tail: llama.cpp keeps n_swa positions
+            # before the last ubatch, but a cache moved over with the state API holds only the last n_swa positions
+            k = min(k, 1 if self.swa_transferred else self.last_ubatch)
         p0 = p_last - k + 1
         assert self.win_pos[-k] == p0 and self.win_pos[-1] == p_last
         llama_cpp.llama_memory_seq_rm(self.session.memory, 0, p0, -1)
