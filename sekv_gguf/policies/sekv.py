@@ -94,7 +94,7 @@ class SekvPolicy(Policy):
         self.resident: list[dict[int, np.ndarray]] = [{} for _ in range(self.n_layer)]
         self.last_use: list[dict[int, int]] = [{} for _ in range(self.n_layer)]
         self.prev_logits: np.ndarray | None = None
-        self.last_ubatch = 0  # tokens in the last prompt ubatch (bounds what can be re-decoded, see _redecode_tail)
+        self.last_ubatch = 0  # tokens in the last streamed prompt ubatch (bounds what can be re-decoded on iSWA)
         self.swa_transferred = False  # the SWA cache came from another context (exact prefill)
         self.steps = 0
         self.counters = {"zooms": 0, "rebuilt_rows": 0, "route_calls": 0, "compress_s": 0.0, "zoom_s": 0.0}
@@ -182,7 +182,6 @@ class SekvPolicy(Policy):
                 rows = lg[:-1] if prev is None else np.concatenate([prev[None, :], lg[:-1]])
                 surp[c0 + (prev is None):c0 + len(chunk)] = native.surprisal(rows, chunk[prev is None:])
                 prev = lg[-1].copy()
-                self.last_ubatch = len(chunk)
                 self.n_prefilled = c0 + len(chunk)
                 self.notify()
             self.prev_logits = prev
