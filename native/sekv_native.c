@@ -164,6 +164,24 @@ int32_t sekv_scatter_rows_f32_f16(const float * src, int64_t n_src, int64_t row_
     return SEKV_N_OK;
 }
 
+/* logsumexp of one row: a max pass, then a sum of expf that the compiler vectorises (glibc's libmvec under
+ * -ffast-math; an AVX2 clone is picked at load time where the CPU has it) */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static float sekv_logsumexp(const float * row, int64_t n) {
+    float mx = row[0];
+    for (int64_t j = 1; j < n; ++j) {
+        mx = row[j] > mx ? row[j] : mx;
+    }
+    float sum = 0.0f;
+#pragma omp simd reduction(+:sum)
+    for (int64_t j = 0; j < n; ++j) {
+        sum += expf(row[j] - mx);
+    }
+    return mx + logf(sum);
+}
+
 int32_t sekv_surprisal(const float * logits, int64_t n, int64_t n_vocab, const int32_t * next, float * out) {
     if (n < 0 || n_vocab <= 0) return SEKV_N_ERR_SIZE;
     if (n == 0) return SEKV_N_OK;
@@ -174,15 +192,115 @@ int32_t sekv_surprisal(const float * logits, int64_t n, int64_t n_vocab, const i
     }
     for (int64_t i = 0; i < n; ++i) {
         const float * row = logits + i*n_vocab;
-        float mx = row[0];
-        for (int64_t j = 1; j < n_vocab; ++j) {
-            mx = row[j] > mx ? row[j] : mx;
+        out[i] = sekv_logsumexp(row, n_vocab) - row[next[i]];
+    }
+    return SEKV_N_OK;
+}
+
+/* f16 -> f32 by table: the mass scorer widens every host row it reads */
+static float sekv_h2f_table[65536];
+static int   sekv_h2f_ready = 0;
+
+static void sekv_h2f_init(void) {
+    if (!sekv_h2f_ready) {
+        for (uint32_t i = 0; i < 65536u; ++i) {
+            sekv_h2f_table[i] = sekv_half_to_float((uint16_t) i);
         }
-        double sum = 0.0;
-        for (int64_t j = 0; j < n_vocab; ++j) {
-            sum += exp((double) (row[j] - mx));
+        sekv_h2f_ready = 1;
+    }
+}
+
+void sekv_init(void) {
+    sekv_h2f_init();
+}
+
+static inline void sekv_widen(const uint16_t * src, float * dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        dst[i] = sekv_h2f_table[src[i]];
+    }
+}
+
+static inline float sekv_dot(const float * a, const float * b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        s += a[i]*b[i];
+    }
+    return s;
+}
+
+/* online logsumexp: fold x into (m, s) with s = sum exp(x - m); s == 0 marks an empty fold (no infinities: this
+ * file is built with -ffast-math) */
+static inline void sekv_lse_push(float * m, float * s, float x) {
+    if (*s == 0.0f) {
+        *m = x;
+        *s = 1.0f;
+    } else if (x > *m) {
+        *s = *s * expf(*m - x) + 1.0f;
+        *m = x;
+    } else {
+        *s += expf(x - *m);
+    }
+}
+
+int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
+                       const int32_t * len, const int32_t * rank, const uint16_t * const * a,
+                       const uint16_t * const * b, float * out) {
+    if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 || d <= 0 || d > SEKV_MAX_HEAD_DIM ||
+        n_head > SEKV_MAX_HEADS || n_spans < 0) {
+        return SEKV_N_ERR_SIZE;
+    }
+    if (n_spans == 0) return SEKV_N_OK;
+    if (q == NULL || len == NULL || rank == NULL || a == NULL || b == NULL || out == NULL) return SEKV_N_ERR_NULL;
+    for (int64_t s = 0; s < n_spans; ++s) {
+        if (len[s] <= 0 || len[s] > SEKV_MAX_SPAN || rank[s] < 0 || rank[s] > len[s] || rank[s] > d) {
+            return SEKV_N_ERR_SIZE;
         }
-        out[i] = (float) ((double) mx + log(sum) - (double) row[next[i]]);
+        if (a[s] == NULL || (rank[s] > 0 && b[s] == NULL)) return SEKV_N_ERR_NULL;
+        if (rank[s] > 0 && (n_head / n_head_kv) * rank[s] > SEKV_MAX_QV) return SEKV_N_ERR_SIZE;
+    }
+    sekv_h2f_init();
+    const int64_t group = n_head / n_head_kv;
+    float row[SEKV_MAX_HEAD_DIM];           /* one widened K row, or one widened Vᵀ / U·S row */
+    float qv[SEKV_MAX_QV];                  /* q . Vᵀ[j] for the query heads of one KV head: [group, r] */
+    float m[SEKV_MAX_HEADS], sum[SEKV_MAX_HEADS];
+    for (int64_t s = 0; s < n_spans; ++s) {
+        const int64_t L = len[s], r = rank[s];
+        for (int64_t h = 0; h < n_head; ++h) { m[h] = 0.0f; sum[h] = 0.0f; }
+        if (r == 0) {
+            /* raw rows [L, Hkv, d] */
+            for (int64_t t = 0; t < L; ++t) {
+                for (int64_t kh = 0; kh < n_head_kv; ++kh) {
+                    sekv_widen(a[s] + (t*n_head_kv + kh)*d, row, d);
+                    for (int64_t g = 0; g < group; ++g) {
+                        const int64_t h = kh*group + g;
+                        sekv_lse_push(&m[h], &sum[h], sekv_dot(q + h*d, row, d));
+                    }
+                }
+            }
+        } else {
+            /* factors: U·S [Hkv, L, r] and Vᵀ [Hkv, r, d]; q·k_t = sum_j (U·S)[t, j] (q · Vᵀ[j]) */
+            for (int64_t kh = 0; kh < n_head_kv; ++kh) {
+                for (int64_t j = 0; j < r; ++j) {
+                    sekv_widen(b[s] + (kh*r + j)*d, row, d);
+                    for (int64_t g = 0; g < group; ++g) {
+                        qv[g*r + j] = sekv_dot(q + (kh*group + g)*d, row, d);
+                    }
+                }
+                for (int64_t t = 0; t < L; ++t) {
+                    sekv_widen(a[s] + (kh*L + t)*r, row, r);
+                    for (int64_t g = 0; g < group; ++g) {
+                        const int64_t h = kh*group + g;
+                        sekv_lse_push(&m[h], &sum[h], sekv_dot(qv + g*r, row, r));
+                    }
+                }
+            }
+        }
+        float best = m[0] + logf(sum[0]);
+        for (int64_t h = 1; h < n_head; ++h) {
+            const float lse = m[h] + logf(sum[h]);
+            best = lse > best ? lse : best;
+        }
+        out[s] = best;
     }
     return SEKV_N_OK;
 }

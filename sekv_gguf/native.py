@@ -127,3 +127,74 @@ def surprisal(logits: np.ndarray, next_tokens: object) -> np.ndarray:
         _check("surprisal", lib.sekv_surprisal(_ptr("float *", lg), lg.shape[0], lg.shape[1],
                                                _ptr("int32_t *", nxt), _ptr("float *", out)))
     return out
+
+
+def surprisal_at(address: int, n_rows: int, n_vocab: int, next_tokens: object) -> np.ndarray:
+    """Like ``surprisal`` for logits [n_rows, n_vocab] float32 that live at ``address`` (llama.cpp's own logits
+    buffer, read in place instead of copied). The caller vouches for the buffer's extent."""
+    if not address:
+        raise NativeError("surprisal_at: the logits buffer is NULL")
+    if n_rows < 0 or n_vocab <= 0:
+        raise NativeError(f"surprisal_at: bad shape [{n_rows}, {n_vocab}]")
+    nxt = _index(next_tokens, n_vocab, "next_tokens")
+    if nxt.size != n_rows:
+        raise NativeError(f"next_tokens has {nxt.size} entries for {n_rows} logit rows")
+    out = np.empty(n_rows, dtype=np.float32)
+    if n_rows:
+        _check("surprisal", lib.sekv_surprisal(ffi.cast("float *", address), n_rows, n_vocab,
+                                               _ptr("int32_t *", nxt), _ptr("float *", out)))
+    return out
+
+
+class SpanTable:
+    """The host K rows of every span of one layer, as the pointer table ``span_mass`` reads: per span its length,
+    rank (0: raw rows) and the f16 arrays (kept referenced here, so the pointers stay valid)."""
+
+    def __init__(self, n_head_kv: int, head_dim: int):
+        self.n_head_kv, self.head_dim = n_head_kv, head_dim
+        self._arrays: list[np.ndarray] = []
+        self.len = np.zeros(0, dtype=np.int32)
+        self.rank = np.zeros(0, dtype=np.int32)
+        self.a = np.zeros(0, dtype=np.uintp)
+        self.b = np.zeros(0, dtype=np.uintp)
+
+    def __len__(self) -> int:
+        return int(self.len.size)
+
+    def append(self, length: int, raw: np.ndarray | None, us: np.ndarray | None, vt: np.ndarray | None) -> None:
+        """raw f16 [L, Hkv, d], or us f16 [Hkv, L, r] with vt f16 [Hkv, r, d]."""
+        hkv, d = self.n_head_kv, self.head_dim
+        if raw is not None:
+            a = np.ascontiguousarray(raw, dtype=np.float16)
+            if a.shape != (length, hkv, d):
+                raise NativeError(f"raw span rows have shape {a.shape}, expected {(length, hkv, d)}")
+            b, rank = a, 0
+        else:
+            a = np.ascontiguousarray(us, dtype=np.float16)
+            b = np.ascontiguousarray(vt, dtype=np.float16)
+            rank = a.shape[-1]
+            if a.shape != (hkv, length, rank) or b.shape != (hkv, rank, d) or not 0 < rank <= min(length, d):
+                raise NativeError(f"span factors have shapes {a.shape}, {b.shape} for L={length}, Hkv={hkv}, d={d}")
+        self._arrays += [a, b]
+        self.len = np.append(self.len, np.int32(length))
+        self.rank = np.append(self.rank, np.int32(rank))
+        self.a = np.append(self.a, np.uintp(a.ctypes.data))
+        self.b = np.append(self.b, np.uintp(b.ctypes.data))
+
+
+def span_mass(query: np.ndarray, table: SpanTable) -> np.ndarray:
+    """float32 [n_spans]: max over query heads of logsumexp_t q_h · k_t over each span's host K (see SpanTable)."""
+    q = np.ascontiguousarray(query, dtype=np.float32)
+    if q.ndim != 2 or q.shape[1] != table.head_dim or q.shape[0] % table.n_head_kv:
+        raise NativeError(f"query must be [n_head, {table.head_dim}] with n_head a multiple of {table.n_head_kv}, "
+                          f"got {q.shape}")
+    out = np.empty(len(table), dtype=np.float32)
+    if out.size:
+        _check("span_mass", lib.sekv_span_mass(
+            _ptr("float *", q), q.shape[0], table.n_head_kv, table.head_dim, out.size,
+            _ptr("int32_t *", table.len), _ptr("int32_t *", table.rank), ffi.cast("uint16_t **", table.a.ctypes.data),
+            ffi.cast("uint16_t **", table.b.ctypes.data), _ptr("float *", out)))
+    return out
+
+
+lib.sekv_init()

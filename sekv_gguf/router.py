@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import native
 from .spans import Span
 
 
@@ -48,27 +49,28 @@ class SummaryRouter(Router):
 
 class LowRankMassRouter(Router):
     """The attention mass the span's tokens would get: ``max over query heads of logsumexp_t q·k_t`` with k_t rebuilt
-    from the span's host factors (U·S·Vᵀ) — exact up to the stored rank, no training, a few small GEMMs per span."""
+    from the span's host factors (U·S·Vᵀ) — exact up to the stored rank, no training. Computed in native code from
+    a per-layer pointer table of the spans' f16 host rows (``native.SpanTable``), which grows as spans are added."""
 
     name = "training-free"
     score_kind = "mass"
 
+    def __init__(self) -> None:
+        self._tables: dict[int, native.SpanTable] = {}
+
+    def _table(self, ikv: int, spans: Sequence[Span], n_head_kv: int, d: int) -> native.SpanTable:
+        table = self._tables.get(ikv)
+        if table is None or len(table) > len(spans):  # spans only grow: a shorter list is another policy's
+            table = self._tables[ikv] = native.SpanTable(n_head_kv, d)
+        for span in spans[len(table):]:
+            f = span.k[ikv]
+            table.append(span.length, f.raw, f.us, f.vt)
+        return table
+
     def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
               spans: Sequence[Span], bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        out = np.empty(len(spans), dtype=np.float64)
-        q = _grouped(query, keys.shape[1]).astype(np.float32)  # [Hkv, group, d]
-        for i, span in enumerate(spans):
-            f = span.k[ikv]
-            if f.raw is not None:
-                logits = np.einsum("lhd,hgd->hgl", f.raw.astype(np.float32), q)  # [Hkv, group, L]
-            else:
-                # (q Vᵀ) (U S)ᵀ: [Hkv, group, r] x [Hkv, L, r] -> [Hkv, group, L]
-                qv = np.einsum("hgd,hrd->hgr", q, f.vt.astype(np.float32))
-                logits = np.einsum("hgr,hlr->hgl", qv, f.us.astype(np.float32))
-            m = logits.max(axis=-1, keepdims=True)
-            lse = m[..., 0] + np.log(np.exp(logits - m).sum(axis=-1))  # [Hkv, group]
-            out[i] = lse.max()
-        return out
+        table = self._table(ikv, spans, keys.shape[1], keys.shape[2])
+        return native.span_mass(query, table)  # [n_spans]
 
 
 class BoundRouter(Router):

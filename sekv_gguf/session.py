@@ -18,6 +18,7 @@ import llama_cpp._logger as _llama_logger
 
 from .config import KV_TYPES, ContextConfig
 from .errors import ModelError, SekvError
+from . import native
 from .hook import KVHook
 
 GGUF_MAGIC = b"GGUF"
@@ -178,41 +179,72 @@ class Session:
 
     # -- decoding ----------------------------------------------------------------------------------------------
 
+    def _decode_chunk(self, chunk: np.ndarray, start: int, outputs: Literal["last", "all", "none"]) -> None:
+        """One ``llama_decode`` of at most n_batch tokens at positions start, start+1, ..."""
+        n = chunk.size
+        self._tok[:n] = chunk
+        self._pos[:n] = np.arange(start, start + n, dtype=np.int32)
+        self._out[:n] = 1 if outputs == "all" else 0
+        if outputs == "last":
+            self._out[n - 1] = 1
+        self._batch.n_tokens = n
+        rc = llama_cpp.llama_decode(self.ctx, self._batch)
+        if rc != 0:
+            raise SekvError(f"llama_decode returned {rc} at positions {start}..{start + n - 1}"
+                            + (" (no free KV cell: the cache is full)" if rc == 1 else ""))
+
+    def _check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
+        toks = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        if toks.size == 0:
+            raise ValueError("decode: no tokens")
+        if toks.min() < 0 or toks.max() >= self.n_vocab:
+            raise ValueError(f"decode: token ids must be in [0, {self.n_vocab})")
+        return toks
+
     def decode(self, tokens: Sequence[int], pos0: int | None = None,
                logits: Literal["last", "all", "none"] = "last") -> np.ndarray | None:
         """Decode ``tokens`` at positions ``pos0, pos0+1, ...`` (default: after the newest one), in chunks of n_batch.
 
         Returns float32 logits: [n_vocab] for the last token, [n, n_vocab] for all, or None.
         """
-        toks = np.asarray(tokens, dtype=np.int32).reshape(-1)
-        if toks.size == 0:
-            raise ValueError("decode: no tokens")
-        if toks.min() < 0 or toks.max() >= self.n_vocab:
-            raise ValueError(f"decode: token ids must be in [0, {self.n_vocab})")
+        toks = self._check_tokens(tokens)
         start = self.pos_max() + 1 if pos0 is None else int(pos0)
         rows: list[np.ndarray] = []
         for c0 in range(0, toks.size, self.n_batch):
             chunk = toks[c0:c0 + self.n_batch]
-            n = chunk.size
-            self._tok[:n] = chunk
-            self._pos[:n] = np.arange(start + c0, start + c0 + n, dtype=np.int32)
-            self._out[:n] = 1 if logits == "all" else 0
-            if logits == "last" and c0 + n == toks.size:
-                self._out[n - 1] = 1
-            self._batch.n_tokens = n
-            rc = llama_cpp.llama_decode(self.ctx, self._batch)
-            if rc != 0:
-                raise SekvError(f"llama_decode returned {rc} at positions {start + c0}..{start + c0 + n - 1}"
-                                + (" (no free KV cell: the cache is full)" if rc == 1 else ""))
+            last = logits == "last" and c0 + chunk.size == toks.size
+            self._decode_chunk(chunk, start + c0, "all" if logits == "all" else "last" if last else "none")
             if logits == "all":
                 ptr = llama_cpp.llama_get_logits(self.ctx)
-                rows.append(np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy())
+                rows.append(np.ctypeslib.as_array(ptr, shape=(chunk.size, self.n_vocab)).copy())
         if logits == "none":
             return None
         if logits == "all":
             return np.concatenate(rows, axis=0)
         ptr = llama_cpp.llama_get_logits_ith(self.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def decode_scored(self, tokens: Sequence[int], prev_logits: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Decode ``tokens`` after the newest one; their surprisal (nats) and the last token's logits [n_vocab].
+
+        Surprisal of token i comes from the logits row of token i-1, read in llama.cpp's buffer chunk by chunk
+        (never a prompt x vocab matrix); token 0's from ``prev_logits`` (0 when None).
+        """
+        toks = self._check_tokens(tokens)
+        start = self.pos_max() + 1
+        surp = np.zeros(toks.size, dtype=np.float32)
+        prev = prev_logits
+        for c0 in range(0, toks.size, self.n_batch):
+            chunk = toks[c0:c0 + self.n_batch]
+            self._decode_chunk(chunk, start + c0, "all")
+            address = ctypes.cast(llama_cpp.llama_get_logits(self.ctx), ctypes.c_void_p).value
+            if prev is not None:
+                surp[c0] = native.surprisal(prev[None, :], chunk[:1])[0]
+            surp[c0 + 1:c0 + chunk.size] = native.surprisal_at(address, chunk.size - 1, self.n_vocab, chunk[1:])
+            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, chunk.size - 1),
+                                        shape=(self.n_vocab,))
+            prev = row.copy()
+        return surp, prev
 
     def synchronize(self) -> None:
         llama_cpp.llama_synchronize(self.ctx)

@@ -130,3 +130,21 @@ def test_unknown_policy_and_empty_prompt(llama_model):
     with pytest.raises(ValueError, match="empty prompt"):
         policy.prefill([])
     policy.close()
+
+
+def test_scored_decode_equals_all_logits_surprisal(open_session, tiny_llama):
+    """Surprisal read in llama.cpp's logits buffer chunk by chunk equals log-softmax of copied logits."""
+    text = prose(3000)
+    a = open_session(tiny_llama, n_ctx=1024, n_batch=128, n_ubatch=128)
+    b = open_session(tiny_llama, n_ctx=1024, n_batch=128, n_ubatch=128)
+    toks = a.tokenize(text)[:700]
+    all_logits = a.decode(toks, logits="all").astype(np.float64)  # [n, n_vocab]
+    m = all_logits.max(axis=1, keepdims=True)
+    lse = (m + np.log(np.exp(all_logits - m).sum(axis=1, keepdims=True)))[:, 0]
+    want = lse[:-1] - all_logits[np.arange(len(toks) - 1), toks[1:]]  # surprisal of tokens 1..n-1
+    surp1, prev = b.decode_scored(toks[:256], None)  # same ubatch splits as a
+    surp2, last = b.decode_scored(toks[256:], prev)
+    got = np.concatenate([surp1, surp2])
+    assert got[0] == 0.0
+    np.testing.assert_allclose(got[1:], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(last, all_logits[-1], rtol=1e-5, atol=1e-5)

@@ -90,6 +90,57 @@ def test_c_checks_without_the_python_layer():
     assert lib.sekv_f16_to_f32(ffi.NULL, ffi.NULL, -3) == lib.SEKV_N_ERR_SIZE
 
 
+def _logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = x.max(axis=axis, keepdims=True)
+    return (m + np.log(np.exp(x - m).sum(axis=axis, keepdims=True))).squeeze(axis)
+
+
+def test_surprisal_equals_numpy_log_softmax():
+    rng = np.random.default_rng(2)
+    logits = (rng.standard_normal((7, 50_003)) * 4).astype(np.float32)
+    nxt = rng.integers(0, 50_003, 7)
+    want = _logsumexp(logits.astype(np.float64)) - logits[np.arange(7), nxt]
+    np.testing.assert_allclose(native.surprisal(logits, nxt), want, rtol=1e-5, atol=1e-4)
+    got = native.surprisal_at(logits.ctypes.data, 7, 50_003, nxt)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    with pytest.raises(NativeError, match="out of range"):
+        native.surprisal(logits, [0, 1, 2, 3, 4, 5, 50_003])
+    with pytest.raises(NativeError, match="NULL"):
+        native.surprisal_at(0, 1, 5, [0])
+
+
+def test_span_mass_equals_numpy_attention_logsumexp():
+    """Raw and factorised spans, grouped query heads: the max over heads of logsumexp_t q·k_t of the rebuilt rows."""
+    from sekv_gguf.config import SekvConfig
+    from sekv_gguf.spans import factorize
+
+    rng = np.random.default_rng(3)
+    n_head, n_head_kv, d = 4, 2, 32
+    mats = []
+    for i in range(9):
+        length = int(rng.integers(3, 40))
+        rank = 3 if i % 2 else d  # low-rank spans factorise, full-rank ones stay raw
+        m = rng.standard_normal((length, n_head_kv, rank)) @ rng.standard_normal((rank, d))
+        mats.append(m.astype(np.float32))
+    factors = factorize(mats, SekvConfig(energy=0.9999, r_max=16))
+    assert any(f.raw is None for f in factors) and any(f.raw is not None for f in factors)
+    table = native.SpanTable(n_head_kv, d)
+    for m, f in zip(mats, factors):
+        table.append(m.shape[0], f.raw, f.us, f.vt)
+    q = (rng.standard_normal((n_head, d)) * 0.3).astype(np.float32)
+    got = native.span_mass(q, table)
+    want = []
+    for f in factors:
+        k = f.rebuild()  # [L, Hkv, d]
+        logits = np.einsum("lhd,hgd->hgl", k, q.reshape(n_head_kv, -1, d))  # [Hkv, group, L]
+        want.append(_logsumexp(logits.astype(np.float64)).max())
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(NativeError, match="query must be"):
+        native.span_mass(q[:, :16], table)
+    with pytest.raises(NativeError, match="factors have shapes"):
+        table.append(5, None, np.zeros((2, 5, 6), np.float16), np.zeros((2, 7, d), np.float16))
+
+
 @pytest.mark.native_sanitizer
 def test_native_sources_under_address_sanitizer(tmp_path):
     cc = shutil.which("gcc") or shutil.which("cc")

@@ -86,6 +86,7 @@ class SekvPolicy(Policy):
         self.win_cell: list[int] = []
         self.win_surp: list[float] = []
         self.spans: list[Span] = []
+        self.lengths = np.zeros(0, dtype=np.float32)  # [n_spans] tokens per span
         self.keys: list[np.ndarray] = [np.zeros((0,)) for _ in range(self.n_layer)]  # [n_spans, Hkv, d] per layer
         # per layer: channel-wise (min, max) of every span's K [n_spans, Hkv, d] each
         self.bounds: list[tuple[np.ndarray, np.ndarray] | None] = [None] * self.n_layer
@@ -117,17 +118,17 @@ class SekvPolicy(Policy):
 
     # -- decoding ----------------------------------------------------------------------------------------------
 
-    def _decode(self, tokens: list[int], logits: str) -> np.ndarray:
-        """Decode after the newest token; ``logits="all"`` also yields every token's surprisal (chunk by chunk)."""
+    def _decode(self, tokens: list[int], scored: bool) -> np.ndarray:
+        """Decode after the newest token; ``scored`` also yields every token's surprisal (chunk by chunk)."""
         p0 = self.session.pos_max() + 1
-        out = self.session.decode(tokens, logits=logits)
-        preds, last = (out[:-1], out[-1]) if logits == "all" else (out[:0], out)  # row i predicts token i+1
-        surp = np.zeros(len(tokens), dtype=np.float32)
-        if self.prev_logits is not None:
-            surp[0] = native.surprisal(self.prev_logits[None, :], tokens[:1])[0]
-        if preds.shape[0]:
-            surp[1:] = native.surprisal(preds, tokens[1:])
-        self.prev_logits = last.copy()
+        if scored:
+            surp, last = self.session.decode_scored(tokens, self.prev_logits)
+        else:
+            last = self.session.decode(tokens, logits="last")
+            surp = np.zeros(len(tokens), dtype=np.float32)
+            if self.prev_logits is not None:
+                surp[0] = native.surprisal(self.prev_logits[None, :], tokens[:1])[0]
+        self.prev_logits = last
         self._admit(p0, surp)
         return last
 
@@ -157,7 +158,7 @@ class SekvPolicy(Policy):
         logits = None
         for c0 in range(0, len(tokens), self.chunk):
             chunk = tokens[c0:c0 + self.chunk]
-            logits = self._decode(chunk, "last" if self.fits else "all")
+            logits = self._decode(chunk, scored=not self.fits)
             self.last_ubatch = len(chunk)
             self._maintain()
             self.n_prefilled = c0 + len(chunk)
@@ -178,10 +179,7 @@ class SekvPolicy(Policy):
             prev = None
             for c0 in range(0, len(tokens), full.n_batch):
                 chunk = tokens[c0:c0 + full.n_batch]
-                lg = full.decode(chunk, logits="all")  # [n, n_vocab], one chunk at a time
-                rows = lg[:-1] if prev is None else np.concatenate([prev[None, :], lg[:-1]])
-                surp[c0 + (prev is None):c0 + len(chunk)] = native.surprisal(rows, chunk[prev is None:])
-                prev = lg[-1].copy()
+                surp[c0:c0 + len(chunk)], prev = full.decode_scored(chunk, prev)
                 self.n_prefilled = c0 + len(chunk)
                 self.notify()
             self.prev_logits = prev
@@ -257,7 +255,7 @@ class SekvPolicy(Policy):
         return out
 
     def step(self, token: int) -> np.ndarray:
-        logits = self._decode([token], "last")
+        logits = self._decode([token], scored=False)
         self.steps += 1
         self._maintain()
         if self.spans and self.steps % self.config.route_every == 0:
@@ -330,6 +328,7 @@ class SekvPolicy(Policy):
         for span, c in zip(new, free):
             span.summary_cell = int(c)
         self.spans.extend(new)
+        self.lengths = np.concatenate([self.lengths, lengths])
         for ikv in range(self.n_layer):
             add = np.stack([s.k_mean[ikv] for s in new])
             self.keys[ikv] = add if self.keys[ikv].size == 0 else np.concatenate([self.keys[ikv], add])
@@ -358,7 +357,7 @@ class SekvPolicy(Policy):
         """Zoom per layer into the best-scoring spans for the captured (or given) queries."""
         t0 = time.perf_counter()
         hook = self.session.hook
-        lengths = np.array([s.length for s in self.spans], dtype=np.float32)
+        lengths = self.lengths
         self.counters["route_calls"] += 1
         for ikv in range(self.n_layer):
             query = hook.query(ikv) if queries is None else queries[ikv]

@@ -81,6 +81,40 @@ int main(void) {
     EXPECT(sekv_scatter_rows_f32_f16(fr, 1, rl, pick, 2, hd, 4) == SEKV_N_ERR_SIZE);
     EXPECT(sekv_scatter_rows_f32_f16(NULL, 2, rl, pick, 2, hd, 4) == SEKV_N_ERR_NULL);
 
+    /* surprisal: 2 rows of 5 logits, exact-size buffers */
+    float lg[10] = { 0, 0, 0, 0, 0,   1, 2, 3, 4, 5 };
+    int32_t nx[2] = { 2, 4 }, nx_bad[2] = { 2, 5 };
+    float sp[2];
+    EXPECT(sekv_surprisal(lg, 2, 5, nx, sp) == SEKV_N_OK);
+    EXPECT(fabsf(sp[0] - logf(5.0f)) < 1e-5f);
+    EXPECT(sekv_surprisal(lg, 2, 5, nx_bad, sp) == SEKV_N_ERR_INDEX);
+    EXPECT(sekv_surprisal(lg, 2, 0, nx, sp) == SEKV_N_ERR_SIZE);
+    EXPECT(sekv_surprisal(NULL, 2, 5, nx, sp) == SEKV_N_ERR_NULL);
+
+    /* span mass: one raw span [3, 1, 4] and one rank-1 span (U.S [1, 2, 1], Vt [1, 1, 4]); 2 query heads, 1 KV head */
+    sekv_init();
+    uint16_t * raw = xmalloc(3 * 4 * sizeof(uint16_t));
+    for (int i = 0; i < 12; ++i) raw[i] = 0x3c00u;          /* 1.0 */
+    uint16_t * us = xmalloc(2 * sizeof(uint16_t));
+    uint16_t * vt = xmalloc(4 * sizeof(uint16_t));
+    us[0] = 0x3c00u; us[1] = 0x4000u;                       /* 1, 2 */
+    for (int i = 0; i < 4; ++i) vt[i] = 0x3800u;            /* 0.5 */
+    float qm[8] = { 1, 0, 0, 0,   0, 0, 0, 2 };
+    int32_t ln[2] = { 3, 2 }, rk[2] = { 0, 1 }, rk_bad[2] = { 0, 3 };
+    const uint16_t * pa[2] = { raw, us };
+    const uint16_t * pb[2] = { raw, vt };
+    const uint16_t * pnull[2] = { raw, NULL };
+    float ms[2];
+    EXPECT(sekv_span_mass(qm, 2, 1, 4, 2, ln, rk, pa, pb, ms) == SEKV_N_OK);
+    EXPECT(fabsf(ms[0] - (2.0f + logf(3.0f))) < 1e-5f);      /* head 1: logits 2, 2, 2 */
+    EXPECT(fabsf(ms[1] - logf(expf(1.0f) + expf(2.0f))) < 1e-5f);  /* head 1: 2*0.5*1, 2*0.5*2 */
+    EXPECT(sekv_span_mass(qm, 2, 1, 4, 2, ln, rk_bad, pa, pb, ms) == SEKV_N_ERR_SIZE);   /* rank > len */
+    EXPECT(sekv_span_mass(qm, 3, 2, 4, 2, ln, rk, pa, pb, ms) == SEKV_N_ERR_SIZE);      /* heads not grouped */
+    EXPECT(sekv_span_mass(qm, 2, 1, 4, 2, ln, rk, pa, pnull, ms) == SEKV_N_ERR_NULL);
+    EXPECT(sekv_span_mass(qm, 2, 1, 0, 2, ln, rk, pa, pb, ms) == SEKV_N_ERR_SIZE);
+    EXPECT(sekv_span_mass(qm, 2, 1, 4, 0, ln, rk, pa, pb, ms) == SEKV_N_OK);
+    free(raw); free(us); free(vt);
+
     free(h); free(f); free(h2); free(src); free(dst); free(back); free(hs); free(fr); free(hd);
     if (failures) {
         fprintf(stderr, "%d checks failed\n", failures);
