@@ -304,3 +304,36 @@ int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64
     }
     return SEKV_N_OK;
 }
+
+int32_t sekv_attn_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, const uint16_t * k,
+                       int64_t n, float * scratch, int64_t n_scratch, float * out) {
+    if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 || d <= 0 || d > SEKV_MAX_HEAD_DIM || n < 0 ||
+        n_scratch < 0) {
+        return SEKV_N_ERR_SIZE;
+    }
+    if (n == 0) return SEKV_N_OK;
+    if (q == NULL || k == NULL || out == NULL || scratch == NULL) return SEKV_N_ERR_NULL;
+    if (n > INT64_MAX / n_head_kv / d || n_scratch < n) return SEKV_N_ERR_SIZE;
+    sekv_h2f_init();
+    const int64_t group = n_head / n_head_kv;
+    float row[SEKV_MAX_HEAD_DIM];
+    for (int64_t h = 0; h < n_head; ++h) {
+        const int64_t kh = h / group;
+        float mx = 0.0f;
+        for (int64_t i = 0; i < n; ++i) {
+            sekv_widen(k + (i*n_head_kv + kh)*d, row, d);
+            scratch[i] = sekv_dot(q + h*d, row, d);
+            mx = (i == 0 || scratch[i] > mx) ? scratch[i] : mx;
+        }
+        float sum = 0.0f;
+        for (int64_t i = 0; i < n; ++i) {
+            scratch[i] = expf(scratch[i] - mx);
+            sum += scratch[i];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t i = 0; i < n; ++i) {
+            out[i] += scratch[i] * inv;
+        }
+    }
+    return SEKV_N_OK;
+}

@@ -50,6 +50,12 @@ void sekv_init(void);
 int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
                        const int32_t * len, const int32_t * rank, const uint16_t * const * a,
                        const uint16_t * const * b, float * out);
+/* Attention probabilities of one query over n cache rows, summed over the query heads and added to out[n]:
+ *   out[i] += sum_h softmax_i(q[h] . k[i, h / (n_head / n_head_kv)])
+ * q: f32 [n_head, d] (scaled so that q . k is the logit); k: f16 [n, n_head_kv, d]; scratch: f32 [n_scratch >= n].
+ * (What the eviction baselines vote with: flash attention exposes no probabilities.) */
+int32_t sekv_attn_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, const uint16_t * k,
+                       int64_t n, float * scratch, int64_t n_scratch, float * out);
 /* CDEF-END */
 
 #endif

@@ -85,6 +85,10 @@ class SekvConfig:
         prompt (typically the question) and the first generated token see the zoomed spans, not only summaries.
     compress_when_fits: compress even when prompt + generation fit the budget (for exactness checks and studies;
         by default such a run is plain full KV).
+    segmentation: "surprisal" (anchors and change-point spans from the prompt's surprisal) or "blocks" (fixed
+        blocks of ``span_max`` tokens, no anchors, no logits beyond the last: the Quest-like baseline).
+    summary_rows: keep one summary row per span in the device cache (SeKV's coarse resolution); False: spans are
+        either zoomed or absent from attention (the Quest-like baseline; routing still reads the host summaries).
     """
 
     kv_budget: float = 0.25
@@ -107,6 +111,8 @@ class SekvConfig:
     refresh_tokens: int = 32
     compress_when_fits: bool = False
     cell_granularity: int = 256
+    segmentation: str = "surprisal"
+    summary_rows: bool = True
 
     def __post_init__(self) -> None:
         if self.kv_budget <= 0:
@@ -133,6 +139,8 @@ class SekvConfig:
             raise ValueError(f"r_max and chunk must be >= 1, got {self.r_max}, {self.chunk}")
         if self.router not in ("mass", "summary", "bound"):
             raise ValueError(f"router must be mass, summary or bound, got {self.router!r}")
+        if self.segmentation not in ("surprisal", "blocks"):
+            raise ValueError(f"segmentation must be surprisal or blocks, got {self.segmentation!r}")
         if self.prefill not in ("auto", "streaming", "exact"):
             raise ValueError(f"prefill must be auto, streaming or exact, got {self.prefill!r}")
 
@@ -141,3 +149,33 @@ class SekvConfig:
         cells = int(self.kv_budget) if self.kv_budget > 1 else int(np.ceil(self.kv_budget * n_context))
         g = self.cell_granularity
         return max(g, -(-cells // g) * g)
+
+
+@dataclass
+class BaselineConfig:
+    """Parameters of the baseline policies (the device budget and sinks come from ``SekvConfig``: every policy
+    of a comparison takes the same ``kv_budget`` in cells of the managed cache).
+
+    recent_share: share of the budget the eviction baselines keep as a recent window (H2O: the other part holds the
+        heavy hitters; StreamingLLM: everything but the sinks is the window, this is not used).
+    evict_batch: tokens evicted at once when the cache is full during decode (1 = the paper's per-step eviction;
+        larger batches cut the per-step host work, the kept set differs only in the last few choices).
+    obs_window: SnapKV's observation window, the last prompt tokens whose queries vote.
+    pool_kernel: SnapKV's pooling (average over neighbouring positions) kernel size, odd.
+    block: Quest's page size in tokens (the routing unit).
+    """
+
+    recent_share: float = 0.5
+    evict_batch: int = 16
+    obs_window: int = 32
+    pool_kernel: int = 7
+    block: int = 32
+
+    def __post_init__(self) -> None:
+        if not 0 < self.recent_share < 1:
+            raise ValueError(f"recent_share must be in (0, 1), got {self.recent_share}")
+        if self.evict_batch < 1 or self.obs_window < 1 or self.block < 1:
+            raise ValueError(f"evict_batch, obs_window and block must be >= 1, got {self.evict_batch}, "
+                             f"{self.obs_window}, {self.block}")
+        if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
+            raise ValueError(f"pool_kernel must be a positive odd number, got {self.pool_kernel}")

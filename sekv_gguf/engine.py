@@ -48,6 +48,7 @@ class RunResult:
                                              "decode_s", "prefill_tok_s", "decode_tok_s")}
         if self.sekv is not None:
             out["sekv"] = self.sekv
+        out.update(self.extra)
         return out
 
 
@@ -98,4 +99,4 @@ def generate(policy: Policy, prompt: list[int], n_predict: int, model_name: str 
         prompt_tokens=len(prompt), generated_tokens=len(out), device_kv_bytes=int(stats["device_kv_bytes"]),
         full_kv_bytes=full_kv_bytes(session, len(prompt) + n_predict, session.config.n_ubatch),
         host_kv_bytes=int(stats.get("host_kv_bytes", 0)), prefill_s=t1 - t0, decode_s=t2 - t1,
-        sekv=stats.get("sekv"))
+        sekv=stats.get("sekv"), extra={"baseline": stats["baseline"]} if "baseline" in stats else {})

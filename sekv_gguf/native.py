@@ -198,3 +198,24 @@ def span_mass(query: np.ndarray, table: SpanTable) -> np.ndarray:
 
 
 lib.sekv_init()
+
+
+def attn_mass(query: np.ndarray, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 [n]: sum over query heads of softmax_i(q_h · k_i) for query f32 [n_head, d] and cache rows
+    keys f16 [n, n_head_kv, d]; added to ``out`` when given."""
+    q = np.ascontiguousarray(query, dtype=np.float32)
+    k = np.ascontiguousarray(keys)
+    if k.dtype != np.float16 or k.ndim != 3:
+        raise NativeError(f"keys must be float16 [n, n_head_kv, d], got {k.dtype} {k.shape}")
+    if q.ndim != 2 or q.shape[1] != k.shape[2] or q.shape[0] % k.shape[1]:
+        raise NativeError(f"query must be [n_head, {k.shape[2]}] with n_head a multiple of {k.shape[1]}, got {q.shape}")
+    if out is None:
+        out = np.zeros(k.shape[0], dtype=np.float32)
+    elif out.dtype != np.float32 or out.shape != (k.shape[0],) or not out.flags.c_contiguous:
+        raise NativeError(f"out must be float32 [{k.shape[0]}], got {out.dtype} {out.shape}")
+    scratch = np.empty(k.shape[0], dtype=np.float32)
+    if k.shape[0]:
+        _check("attn_mass", lib.sekv_attn_mass(_ptr("float *", q), q.shape[0], k.shape[1], k.shape[2],
+                                               _ptr("uint16_t *", k), k.shape[0], _ptr("float *", scratch),
+                                               scratch.size, _ptr("float *", out)))
+    return out

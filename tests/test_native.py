@@ -141,6 +141,21 @@ def test_span_mass_equals_numpy_attention_logsumexp():
         table.append(5, None, np.zeros((2, 5, 6), np.float16), np.zeros((2, 7, d), np.float16))
 
 
+def test_attn_mass_equals_numpy_softmax():
+    rng = np.random.default_rng(4)
+    n_head, n_head_kv, d, n = 4, 2, 16, 37
+    q = rng.standard_normal((n_head, d)).astype(np.float32)
+    k = rng.standard_normal((n, n_head_kv, d)).astype(np.float16)
+    logits = np.einsum("nhd,hgd->hgn", k.astype(np.float64), q.reshape(n_head_kv, -1, d).astype(np.float64))
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)).sum(axis=(0, 1))  # [n]
+    base = np.ones(n, dtype=np.float32)
+    np.testing.assert_allclose(native.attn_mass(q, k, base), 1 + want, rtol=1e-5, atol=1e-6)
+    assert abs(native.attn_mass(q, k).sum() - n_head) < 1e-4  # each head's probabilities sum to 1
+    with pytest.raises(NativeError, match="keys must be float16"):
+        native.attn_mass(q, k.astype(np.float32))
+
+
 @pytest.mark.native_sanitizer
 def test_native_sources_under_address_sanitizer(tmp_path):
     cc = shutil.which("gcc") or shutil.which("cc")

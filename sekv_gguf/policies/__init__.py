@@ -1,10 +1,17 @@
 """KV-cache policies, all driven through the same hook and decode loop (``sekv_gguf.engine``)."""
 
 from .base import Policy
+from .eviction import EvictionPolicy
 from .full import FullPolicy
+from .h2o import H2OPolicy
+from .quest import QuestPolicy
 from .sekv import SekvPolicy
+from .snapkv import SnapKVPolicy
+from .streaming import StreamingPolicy
 
 # name -> class; the CLI, tests and benchmarks loop over this
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (FullPolicy, SekvPolicy)}
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (FullPolicy, StreamingPolicy, H2OPolicy, SnapKVPolicy, QuestPolicy, SekvPolicy)}
 
-__all__ = ["POLICIES", "FullPolicy", "Policy", "SekvPolicy"]
+__all__ = ["POLICIES", "EvictionPolicy", "FullPolicy", "H2OPolicy", "Policy", "QuestPolicy", "SekvPolicy",
+           "SnapKVPolicy", "StreamingPolicy"]

@@ -15,7 +15,6 @@ and then every ``route_every`` steps.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 import time
@@ -33,6 +32,7 @@ from ..segment import Segmenter
 from ..session import Session
 from ..spans import Span, factorize, weighted_mean
 from .base import Policy, pad_cells
+from .transfer import cell_of_position, copy_tokens
 
 NEG_INF = float("-inf")
 _BLAS = ThreadpoolController()
@@ -105,7 +105,7 @@ class SekvPolicy(Policy):
     def _check_budget(self) -> None:
         cfg = self.config
         max_spans = math.ceil(max(self.n_context - cfg.n_sink - self.window, 0) / cfg.span_min)
-        parts = {"sinks": cfg.n_sink, "anchors": self.anchor_cap, "summaries": max_spans, "zoom": self.n_zoom,
+        parts = {"sinks": cfg.n_sink, "anchors": self.anchor_cap, "summaries": max_spans if cfg.summary_rows else 0, "zoom": self.n_zoom,
                  "window": self.window + cfg.span_min + cfg.span_max, "chunk": self.chunk}
         need = sum(parts.values())
         if need > self.budget:
@@ -158,7 +158,7 @@ class SekvPolicy(Policy):
         logits = None
         for c0 in range(0, len(tokens), self.chunk):
             chunk = tokens[c0:c0 + self.chunk]
-            logits = self._decode(chunk, scored=not self.fits)
+            logits = self._decode(chunk, scored=not self.fits and self.config.segmentation == "surprisal")
             self.last_ubatch = len(chunk)
             self._maintain()
             self.n_prefilled = c0 + len(chunk)
@@ -198,9 +198,7 @@ class SekvPolicy(Policy):
     def _transfer(self, full: Session, surp: np.ndarray) -> None:
         """Segment and compress the full context's tokens; copy the resident ones into the budget context."""
         n = surp.size
-        pos_full = full.hook.cells_pos()
-        cell_full = np.empty(n, dtype=np.int32)
-        cell_full[pos_full[pos_full >= 0]] = np.flatnonzero(pos_full >= 0)
+        cell_full = cell_of_position(full, n)
         n_sink = min(self.config.n_sink, n)
         window_start = max(n_sink, n - self.window)
         self.segmenter.observe(surp[n_sink:])
@@ -208,21 +206,8 @@ class SekvPolicy(Policy):
         anchors = n_sink + seg.anchors
         groups = [n_sink + g for g in seg.spans]
         resident = np.concatenate([np.arange(n_sink), anchors, np.arange(window_start, n)]).astype(np.int64)
-        hook = self.session.hook
-        if full.hook.info.is_iswa:
-            # the sliding-window layers' own cache comes over whole through llama.cpp's state API
-            flag = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-            size = llama_cpp.llama_state_seq_get_size_ext(full.ctx, 0, flag)
-            buf = (ctypes.c_uint8 * size)()
-            got = llama_cpp.llama_state_seq_get_data_ext(full.ctx, buf, size, 0, flag)
-            if got != size or llama_cpp.llama_state_seq_set_data_ext(self.session.ctx, buf, size, 0, flag) != size:
-                raise BudgetError("the sliding-window cache does not fit the budget context")
-            self.swa_transferred = True
-        cells = np.arange(resident.size, dtype=np.int32)
-        hook.claim(cells, resident.astype(np.int32))
-        for ikv in range(self.n_layer):
-            k, v = full.hook.get_rows(ikv, cell_full[resident])
-            hook.set_rows(ikv, cells, k, v)
+        cells = copy_tokens(full, self.session, resident)
+        self.swa_transferred = full.hook.info.is_iswa
         self.sinks = [(int(p), int(c)) for p, c in zip(resident[:n_sink], cells[:n_sink])]
         self.anchors = [(int(p), int(c)) for p, c in zip(anchors, cells[n_sink:n_sink + anchors.size])]
         self.win_pos = [int(p) for p in range(window_start, n)]
@@ -319,14 +304,15 @@ class SekvPolicy(Policy):
         # the tokens' cells go; one summary cell per span comes (position: the span's last)
         if own:
             hook.release(cells)
-        free = self._free_cells(len(new))
-        hook.claim(free, [int(s.positions[-1]) for s in new])
-        for ikv in range(self.n_layer):
-            hook.set_rows(ikv, free, k_sum[ikv], v_sum[ikv])
         lengths = np.array([s.length for s in new], dtype=np.float32)
-        hook.set_bias_cells(-1, free, np.log(lengths))
-        for span, c in zip(new, free):
-            span.summary_cell = int(c)
+        if self.config.summary_rows:
+            free = self._free_cells(len(new))
+            hook.claim(free, [int(s.positions[-1]) for s in new])
+            for ikv in range(self.n_layer):
+                hook.set_rows(ikv, free, k_sum[ikv], v_sum[ikv])
+            hook.set_bias_cells(-1, free, np.log(lengths))
+            for span, c in zip(new, free):
+                span.summary_cell = int(c)
         self.spans.extend(new)
         self.lengths = np.concatenate([self.lengths, lengths])
         for ikv in range(self.n_layer):
@@ -391,7 +377,8 @@ class SekvPolicy(Policy):
             del last_use[sid]
             taken[idx] = False
             hook.set_bias_cells(ikv, self.slots[idx], NEG_INF)
-            hook.set_bias_cells(ikv, [self.spans[sid].summary_cell], math.log(self.spans[sid].length))
+            if self.spans[sid].summary_cell >= 0:
+                hook.set_bias_cells(ikv, [self.spans[sid].summary_cell], math.log(self.spans[sid].length))
         for sid in want:
             span = self.spans[sid]
             free = np.flatnonzero(~taken)
@@ -404,7 +391,8 @@ class SekvPolicy(Policy):
             v = span.v[ikv].rebuild().reshape(span.length, -1)
             hook.set_rows(ikv, cells, native.f32_to_f16(k), native.f32_to_f16(v))
             hook.set_bias_cells(ikv, cells, 0.0)
-            hook.set_bias_cells(ikv, [span.summary_cell], NEG_INF)
+            if span.summary_cell >= 0:
+                hook.set_bias_cells(ikv, [span.summary_cell], NEG_INF)
             resident[sid] = idx
             last_use[sid] = self.steps
             self.counters["zooms"] += 1

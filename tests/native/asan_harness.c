@@ -113,6 +113,15 @@ int main(void) {
     EXPECT(sekv_span_mass(qm, 2, 1, 4, 2, ln, rk, pa, pnull, ms) == SEKV_N_ERR_NULL);
     EXPECT(sekv_span_mass(qm, 2, 1, 0, 2, ln, rk, pa, pb, ms) == SEKV_N_ERR_SIZE);
     EXPECT(sekv_span_mass(qm, 2, 1, 4, 0, ln, rk, pa, pb, ms) == SEKV_N_OK);
+    /* attention mass: the 3 raw rows (all 1.0) get 1/3 each from each of the 2 heads */
+    float * scr = xmalloc(3 * sizeof(float));
+    float am[3] = { 0, 0, 0 };
+    EXPECT(sekv_attn_mass(qm, 2, 1, 4, raw, 3, scr, 3, am) == SEKV_N_OK);
+    EXPECT(fabsf(am[0] - 2.0f / 3.0f) < 1e-6f && fabsf(am[2] - 2.0f / 3.0f) < 1e-6f);
+    EXPECT(sekv_attn_mass(qm, 2, 1, 4, raw, 3, scr, 2, am) == SEKV_N_ERR_SIZE);  /* scratch too small */
+    EXPECT(sekv_attn_mass(qm, 2, 1, 4, NULL, 3, scr, 3, am) == SEKV_N_ERR_NULL);
+    EXPECT(sekv_attn_mass(qm, 2, 1, 4, raw, -1, scr, 3, am) == SEKV_N_ERR_SIZE);
+    free(scr);
     free(raw); free(us); free(vt);
 
     free(h); free(f); free(h2); free(src); free(dst); free(back); free(hs); free(fr); free(hd);

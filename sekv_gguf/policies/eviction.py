@@ -1,0 +1,110 @@
+"""Base of the eviction baselines: one budget-sized context whose resident tokens a rule picks; what is evicted is
+gone for good (unlike SeKV, which keeps everything at two resolutions)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..config import BaselineConfig, ContextConfig, SekvConfig
+from ..errors import BudgetError
+from ..session import Session
+from .base import Policy
+
+
+class EvictionPolicy(Policy):
+    """Tokens are decoded into a cache of ``budget`` cells; when new tokens do not fit, ``victims`` names resident
+    tokens to release (never the ``n_sink`` first tokens, never the newest one). ``observe`` runs after every
+    decode (prompt chunk or generated token) to update the policy's scores."""
+
+    needs_queries = False  # enable the hook's query capture
+
+    def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, config: SekvConfig | None = None,
+                 baseline: BaselineConfig | None = None, observer: Callable[[Policy], None] | None = None, **_: Any):
+        self.config = config = config or SekvConfig()
+        self.params = baseline or BaselineConfig()
+        self.n_context = n_context
+        self.budget = config.budget_cells(n_context)
+        self.fits = n_context <= self.budget
+        self.chunk = min(config.chunk, max(self.budget // 4, 1))
+        self.n_sink = min(config.n_sink, self.budget)
+        if not self.fits and self.budget < self.n_sink + self.chunk + self.params.evict_batch + 1:
+            raise BudgetError(f"kv_budget of {self.budget} cells cannot hold {self.n_sink} sinks, a prompt chunk of "
+                              f"{self.chunk} and an eviction batch of {self.params.evict_batch}")
+        super().__init__(Session(model, self.context_config(ctx_config, self.budget, self.chunk)), observer)
+        self.hook = self.session.hook
+        self.n_layer = self.hook.info.n_layer_kv
+        if self.needs_queries and not self.fits:
+            self.hook.enable_query_capture()
+        self.pos = np.zeros(0, dtype=np.int64)     # [n_resident] positions, ascending
+        self.cell = np.zeros(0, dtype=np.int32)    # [n_resident] their cells
+        self.score = np.zeros(0, dtype=np.float64)  # [n_resident] the policy's per-token score
+        self.evicted = 0
+
+    # -- the rule ----------------------------------------------------------------------------------------------
+
+    def victims(self, k: int, candidates: np.ndarray) -> np.ndarray:
+        """Indices (into the resident arrays) of ``k`` tokens to evict, chosen among ``candidates`` (ascending
+        indices of evictable tokens, oldest first). Default: the oldest (StreamingLLM)."""
+        return candidates[:k]
+
+    def observe(self, new: np.ndarray) -> None:
+        """Called after each decode with the indices of the tokens just decoded."""
+
+    # -- mechanics ---------------------------------------------------------------------------------------------
+
+    def _room(self, n: int) -> None:
+        """Evict until ``n`` more tokens fit (in batches of ``evict_batch`` while generating)."""
+        free = self.budget - self.pos.size
+        if self.fits or free >= n:
+            return
+        k = max(n - free, min(self.params.evict_batch, self.pos.size - self.n_sink - 1))
+        candidates = np.arange(self.n_sink, self.pos.size - 1)  # not the sinks, not the newest token
+        if candidates.size < k:
+            raise BudgetError(f"cannot free {k} cells of {self.budget}: only {candidates.size} are evictable")
+        out = np.sort(np.asarray(self.victims(k, candidates), dtype=np.int64))
+        if out.size != k or np.setdiff1d(out, candidates).size:
+            raise AssertionError(f"{self.name}: victims {out[:8]} are not {k} evictable tokens")
+        self.hook.release(self.cell[out])
+        keep = np.ones(self.pos.size, dtype=bool)
+        keep[out] = False
+        self.pos, self.cell, self.score = self.pos[keep], self.cell[keep], self.score[keep]
+        self.evicted += k
+
+    def _decode(self, tokens: list[int]) -> np.ndarray:
+        self._room(len(tokens))
+        p0 = self.session.pos_max() + 1
+        logits = self.session.decode(tokens)
+        pos = self.hook.cells_pos()
+        cells = np.flatnonzero(pos >= p0)
+        cells = cells[np.argsort(pos[cells])].astype(np.int32)
+        n0 = self.pos.size
+        self.pos = np.concatenate([self.pos, np.arange(p0, p0 + len(tokens))])
+        self.cell = np.concatenate([self.cell, cells])
+        self.score = np.concatenate([self.score, np.zeros(len(tokens))])
+        if not self.fits:
+            self.observe(np.arange(n0, self.pos.size))
+        return logits
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        if not tokens:
+            raise ValueError("empty prompt")
+        logits = None
+        for c0 in range(0, len(tokens), self.chunk):
+            logits = self._decode(tokens[c0:c0 + self.chunk])
+            self.n_prefilled = min(c0 + self.chunk, len(tokens))
+            self.notify()
+        self.phase = "decode"
+        return logits
+
+    def step(self, token: int) -> np.ndarray:
+        logits = self._decode([token])
+        self.notify()
+        return logits
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out.update({"host_kv_bytes": 0, "baseline": {"budget_cells": self.budget, "resident": int(self.pos.size),
+                                                     "evicted": self.evicted}})
+        return out

@@ -1,0 +1,36 @@
+"""H2O (Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of LLMs", NeurIPS 2023):
+keep the tokens with the largest accumulated attention (heavy hitters) plus a recent window; evict the lightest.
+
+Attention comes from the hook: after every decode the captured query of each hooked layer is scored against the
+resident cache rows in native code (flash attention exposes no probabilities) and the probabilities, summed over
+query heads and layers, are added to each token's score. Cells are shared by all layers, so one eviction set
+serves every layer and head (the paper evicts per head). During a streamed prompt the chunk's last query votes.
+
+Parameters: ``SekvConfig.kv_budget``, ``SekvConfig.n_sink``; ``BaselineConfig.recent_share`` of the budget is the
+protected recent window, the rest heavy hitters; ``BaselineConfig.evict_batch``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import native
+from .eviction import EvictionPolicy
+
+
+class H2OPolicy(EvictionPolicy):
+    name = "h2o"
+    needs_queries = True
+
+    def observe(self, new: np.ndarray) -> None:
+        mass = np.zeros(self.pos.size, dtype=np.float32)  # [n_resident]
+        for ikv in range(self.n_layer):
+            k, _ = self.hook.get_rows(ikv, self.cell)  # f16 [n_resident, Hkv, d]
+            native.attn_mass(self.hook.query(ikv), k, mass)
+        self.score += mass
+
+    def victims(self, k: int, candidates: np.ndarray) -> np.ndarray:
+        recent = int(self.params.recent_share * self.budget)
+        heavy = candidates[candidates < self.pos.size - recent]  # outside the protected recent window
+        if heavy.size < k:  # the window must give up its oldest tokens
+            return np.concatenate([heavy, np.setdiff1d(candidates, heavy)[: k - heavy.size]])
+        return heavy[np.argsort(self.score[heavy], kind="stable")[:k]]

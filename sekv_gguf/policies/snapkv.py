@@ -1,0 +1,68 @@
+"""SnapKV (Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation", 2024): after prefill, the
+queries of the last ``obs_window`` prompt tokens vote for prompt tokens; votes are pooled over neighbouring
+positions and the top tokens (plus the observation window) are kept. Selection happens once, at the end of prefill.
+
+The prompt is prefilled with full attention in a temporary full-size context (as SnapKV does); the observation
+window is decoded one token at a time there so that the hook captures each of its queries, and the votes
+(attention probabilities from native code, summed over query heads and hooked layers: cells are shared by the
+layers, so one selection serves all — the paper selects per head) pick the prompt tokens copied into the budget
+context. Generated tokens are appended; if generation overflows the budget the oldest non-sink tokens go.
+
+Parameters: ``SekvConfig.kv_budget``, ``SekvConfig.n_sink`` (always kept), ``SekvConfig.chunk``;
+``BaselineConfig.obs_window``, ``BaselineConfig.pool_kernel`` (average pooling), ``BaselineConfig.evict_batch``."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.ndimage import uniform_filter1d
+
+from .. import native
+from ..session import Session
+from .base import pad_cells
+from .eviction import EvictionPolicy
+from .transfer import cell_of_position, copy_tokens
+
+
+class SnapKVPolicy(EvictionPolicy):
+    name = "snapkv"
+
+    def select(self, votes: np.ndarray, n_keep: int) -> np.ndarray:
+        """Positions (ascending) of the ``n_keep`` prefix tokens to keep, from votes [n_prefix] (sinks forced)."""
+        pooled = uniform_filter1d(votes.astype(np.float64), size=self.params.pool_kernel, mode="constant")
+        pooled[: self.n_sink] = np.inf
+        return np.sort(np.argsort(-pooled, kind="stable")[:n_keep])
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        n_gen = self.n_context - len(tokens)
+        w = min(self.params.obs_window, len(tokens) - 1)
+        n_keep = self.budget - w - max(n_gen, 0) - 1
+        if self.fits or len(tokens) <= self.budget - max(n_gen, 0) or n_keep < self.n_sink or w < 1:
+            return super().prefill(tokens)
+        full = Session(self.session.model, self.context_config(self.session.config, pad_cells(len(tokens)),
+                                                               self.config.chunk))
+        try:
+            full.hook.enable_query_capture()
+            n_prefix = len(tokens) - w
+            for c0 in range(0, n_prefix, full.n_batch):
+                full.decode(tokens[c0:min(c0 + full.n_batch, n_prefix)], logits="none")
+                self.n_prefilled = min(c0 + full.n_batch, n_prefix)
+                self.notify()
+            prefix_cells = cell_of_position(full, n_prefix)
+            votes = np.zeros(n_prefix, dtype=np.float32)  # [n_prefix]
+            keys = [full.hook.get_rows(ikv, prefix_cells)[0] for ikv in range(self.n_layer)]  # f16 [n, Hkv, d]
+            logits = None
+            for t in tokens[n_prefix:]:
+                logits = full.decode([t])
+                for ikv in range(self.n_layer):
+                    native.attn_mass(full.hook.query(ikv), keys[ikv], votes)
+            self.n_prefilled = len(tokens)
+            keep = np.concatenate([self.select(votes, n_keep), np.arange(n_prefix, len(tokens))])
+            self.cell = copy_tokens(full, self.session, keep)
+            self.pos = keep.astype(np.int64)
+            self.score = np.zeros(keep.size)
+            self.evicted = len(tokens) - keep.size
+        finally:
+            full.close()
+        self.phase = "decode"
+        self.notify()
+        return logits

@@ -1,0 +1,170 @@
+"""The baseline policies beside SeKV: same engine, same budget; each keeps exactly what its rule selects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.ndimage import uniform_filter1d
+
+from conftest import prose
+from sekv_gguf.config import BaselineConfig, SekvConfig
+from sekv_gguf.engine import generate, make_policy
+from sekv_gguf.errors import BudgetError
+from sekv_gguf.policies import POLICIES
+from sekv_gguf.session import Session, load_model
+
+
+@pytest.fixture(scope="module")
+def llama_model(tiny_llama):
+    return load_model(tiny_llama)
+
+
+@pytest.fixture(scope="module")
+def gemma_model(tiny_gemma):
+    return load_model(tiny_gemma)
+
+
+def _tokens(model, n: int, offset: int = 0) -> list[int]:
+    return model.tokenize(prose(6 * n, offset).encode(), add_bos=True, special=False)[:n]
+
+
+def _resident_positions(policy) -> np.ndarray:
+    """Positions held by the managed cache, read from the hook (not from the policy's own bookkeeping)."""
+    pos = policy.session.hook.cells_pos()
+    return np.sort(pos[pos >= 0])
+
+
+@pytest.mark.parametrize("which", ["llama", "gemma"])
+def test_every_policy_with_budget_covering_context_equals_full(llama_model, gemma_model, which):
+    model = llama_model if which == "llama" else gemma_model
+    toks = _tokens(model, 300)
+    n = 16
+    runs = {}
+    for name in POLICIES:
+        policy = make_policy(name, model, len(toks) + n, config=SekvConfig(kv_budget=1.0, chunk=128))
+        runs[name] = generate(policy, toks, n, stop_at_eos=False)
+        policy.close()
+    assert set(runs) >= {"full", "streaming", "h2o", "snapkv", "quest", "sekv"}
+    for name, run in runs.items():
+        assert run.tokens == runs["full"].tokens, name
+
+
+@pytest.mark.parametrize("name", ["streaming", "h2o", "snapkv", "quest", "sekv"])
+def test_every_policy_runs_within_the_budget(llama_model, name):
+    toks = _tokens(llama_model, 1500)
+    policy = make_policy(name, llama_model, len(toks) + 8, config=SekvConfig(kv_budget=512, chunk=128))
+    run = generate(policy, toks, 8, stop_at_eos=False)
+    assert len(run.tokens) == 8
+    assert policy.session.hook.info.kv_size == 512
+    assert (policy.session.hook.cells_pos() >= 0).sum() <= 512
+    assert run.device_kv_bytes < run.full_kv_bytes
+    policy.close()
+
+
+def test_streaming_keeps_sinks_and_the_newest_tokens(llama_model):
+    toks = _tokens(llama_model, 1200)
+    policy = make_policy("streaming", llama_model, len(toks) + 40, config=SekvConfig(kv_budget=256, chunk=64))
+    logits = policy.prefill(toks)
+    for _ in range(40):
+        logits = policy.step(int(np.argmax(logits)))
+    got = _resident_positions(policy)
+    newest = len(toks) + 39
+    n_tail = got.size - 4
+    want = np.concatenate([np.arange(4), np.arange(newest - n_tail + 1, newest + 1)])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.sort(policy.pos), got)
+    policy.close()
+
+
+def test_h2o_scores_are_native_attention_and_lightest_go(llama_model):
+    toks = _tokens(llama_model, 900)
+    policy = make_policy("h2o", llama_model, len(toks) + 64, config=SekvConfig(kv_budget=256, chunk=64),
+                         baseline=BaselineConfig(evict_batch=8))
+    logits = policy.prefill(toks)
+    hook = policy.session.hook
+    # one decode step: its score update equals numpy's softmax attention of the captured queries
+    before = policy.score.copy()
+    n_before = policy.pos.size
+    pos_before = policy.pos.copy()
+    logits = policy.step(int(np.argmax(logits)))
+    keep = np.isin(pos_before, policy.pos)
+    delta = policy.score[: keep.sum()] - before[keep]
+    want = np.zeros(policy.pos.size)
+    for ikv in range(policy.n_layer):
+        k, _ = hook.get_rows(ikv, policy.cell)
+        q = hook.query(ikv).astype(np.float64)  # [n_head, d]
+        hkv = k.shape[1]
+        logit = np.einsum("nhd,hgd->hgn", k.astype(np.float64), q.reshape(hkv, -1, q.shape[1]))
+        p = np.exp(logit - logit.max(-1, keepdims=True))
+        want += (p / p.sum(-1, keepdims=True)).sum(axis=(0, 1))
+    np.testing.assert_allclose(delta, want[: keep.sum()], rtol=1e-4, atol=1e-6)
+    # an eviction drops exactly the lowest scores outside the sinks and the recent window
+    while policy.pos.size < policy.budget:
+        logits = policy.step(int(np.argmax(logits)))
+    scores, positions = policy.score.copy(), policy.pos.copy()
+    recent = int(policy.params.recent_share * policy.budget)
+    heavy = np.arange(4, positions.size - recent)
+    want_gone = positions[heavy[np.argsort(scores[heavy], kind="stable")[:8]]]
+    policy.step(int(np.argmax(logits)))
+    gone = np.setdiff1d(positions, _resident_positions(policy))
+    np.testing.assert_array_equal(np.sort(gone), np.sort(want_gone))
+    assert n_before <= policy.budget
+    policy.close()
+
+
+def test_snapkv_keeps_the_pooled_vote_winners(llama_model):
+    """Reference: full prefill, observation queries captured one by one, numpy softmax votes, average pooling."""
+    toks = _tokens(llama_model, 1000)
+    n_gen, w, kernel = 4, 16, 7
+    params = BaselineConfig(obs_window=w, pool_kernel=kernel)
+    policy = make_policy("snapkv", llama_model, len(toks) + n_gen, config=SekvConfig(kv_budget=256, chunk=128),
+                         baseline=params)
+    policy.prefill(toks)
+    got = _resident_positions(policy)
+
+    ref = Session(llama_model, policy.context_config(policy.session.config, 1024, 128))
+    ref.hook.enable_query_capture()
+    n_prefix = len(toks) - w
+    ref.decode(toks[:n_prefix], logits="none")
+    pos = ref.hook.cells_pos()
+    cells = np.argsort(np.where(pos >= 0, pos, 1 << 30))[:n_prefix].astype(np.int32)
+    votes = np.zeros(n_prefix)
+    for t in toks[n_prefix:]:
+        ref.decode([t])
+        for ikv in range(ref.hook.info.n_layer_kv):
+            k, _ = ref.hook.get_rows(ikv, cells)
+            q = ref.hook.query(ikv).astype(np.float64)
+            logit = np.einsum("nhd,hgd->hgn", k.astype(np.float64), q.reshape(k.shape[1], -1, q.shape[1]))
+            p = np.exp(logit - logit.max(-1, keepdims=True))
+            votes += (p / p.sum(-1, keepdims=True)).sum(axis=(0, 1))
+    ref.close()
+    pooled = uniform_filter1d(votes, size=kernel, mode="constant")
+    pooled[:4] = np.inf
+    n_keep = policy.budget - w - n_gen - 1
+    want = np.concatenate([np.sort(np.argsort(-pooled, kind="stable")[:n_keep]), np.arange(n_prefix, len(toks))])
+    np.testing.assert_array_equal(got, want)
+    policy.close()
+
+
+def test_quest_is_blocks_without_summary_rows(llama_model):
+    toks = _tokens(llama_model, 1500)
+    policy = make_policy("quest", llama_model, len(toks) + 4, config=SekvConfig(kv_budget=512, chunk=128),
+                         baseline=BaselineConfig(block=16))
+    generate(policy, toks, 4, stop_at_eos=False)
+    assert policy.spans and all(s.length == 16 and s.summary_cell == -1 for s in policy.spans)
+    assert not policy.anchors and policy.router.score_kind == "bound"
+    policy.close()
+
+
+def test_bad_policy_inputs():
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        make_policy("nope", None, 100)
+    with pytest.raises(ValueError, match="kv_budget must be > 0"):
+        SekvConfig(kv_budget=0)
+    with pytest.raises(ValueError, match="pool_kernel"):
+        BaselineConfig(pool_kernel=4)
+
+
+def test_eviction_budget_too_small(llama_model):
+    with pytest.raises(BudgetError, match="cannot hold"):
+        make_policy("h2o", llama_model, 5000, config=SekvConfig(kv_budget=8, chunk=256, cell_granularity=1))
