@@ -200,6 +200,31 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     run.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
     run.set_defaults(func=cmd_run)
+    from .eval.suite import DEFAULT_POLICIES
+    from .eval.tasks import TASKS
+
+    ev = sub.add_parser("eval", help="evaluate policies x budgets on generated tasks and teacher-forced fidelity")
+    ev.add_argument("--model", help="GGUF model (default: Gemma 3 270M from its PyPI package)")
+    ev.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES), metavar="NAME",
+                    help=f"policies (default: all of {', '.join(DEFAULT_POLICIES)})")
+    ev.add_argument("--budgets", nargs="+", type=float, default=[0.1, 0.2, 0.3], metavar="FRACTION",
+                    help="device budgets as shares of the context (default 0.1 0.2 0.3)")
+    ev.add_argument("--tasks", nargs="+", default=list(TASKS), metavar="TASK", help="tasks (default: all)")
+    ev.add_argument("--lengths", nargs="+", type=int, default=[4096], metavar="TOKENS",
+                    help="prompt lengths (default 4096)")
+    ev.add_argument("--samples", type=int, default=1, help="seeds per task, haystack and length (default 1)")
+    ev.add_argument("--haystacks", nargs="+", default=["prose", "filler"], choices=["prose", "filler"])
+    ev.add_argument("-n", "--n-predict", type=int, default=24, help="tokens generated per case (default 24)")
+    ev.add_argument("--fidelity-docs", type=int, default=1, help="natural-text documents per length (default 1)")
+    ev.add_argument("--fidelity-steps", type=int, default=64, help="teacher-forced tokens per document (default 64)")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--threads", type=int, default=0, help="llama.cpp threads per context (0: all cores)")
+    ev.add_argument("--name", default="run", help="results go to OUT/eval-NAME.json and .png (default run)")
+    ev.add_argument("--out", default="bench", help="output directory (default bench)")
+    ev.add_argument("-q", "--quiet", action="store_true", help="no progress bars or per-case lines")
+    ev.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
+    ev.set_defaults(func=cmd_eval)
+
     info = sub.add_parser("info", help="print the KV hook's view of a model's context")
     info.add_argument("model", nargs="?", help="GGUF model (default: Gemma 3 270M from its PyPI package)")
     info.add_argument("--n-ctx", type=int, default=4096, help="cells of the KV cache (default 4096)")
@@ -207,6 +232,26 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
     info.set_defaults(func=cmd_info)
     return parser
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .eval.report import table, write
+    from .eval.suite import EvalConfig, run_suite
+
+    cfg = EvalConfig(policies=tuple(args.policies), budgets=tuple(args.budgets), tasks=tuple(args.tasks),
+                     lengths=tuple(args.lengths), samples=args.samples, haystacks=tuple(args.haystacks),
+                     n_predict=args.n_predict, fidelity_docs=args.fidelity_docs, fidelity_steps=args.fidelity_steps,
+                     seed=args.seed)
+    path = _model_path(args.model)
+    ctx_config = ContextConfig(verbose=args.verbose, n_threads=args.threads)
+    model = load_model(path, ctx_config)
+    log = None if args.quiet else (lambda line: tqdm.write(line, file=sys.stderr))
+    result = run_suite(model, cfg, ctx_config, progress=not args.quiet, log=log)
+    result["params"]["threads"] = ctx_config.threads
+    out = write(result, Path(args.out), args.name, Path(path).name)
+    print(table({"params": result["params"], "summary": result["summary"]}))
+    print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,57 @@
+"""Teacher-forced fidelity: how far a policy's next-token distributions drift from full KV on natural text.
+
+A document is prefilled up to its middle; then its own next tokens are fed one by one (teacher forcing) to ``full``
+and to the policy, and at every step KL(full ‖ policy) of the next-token distributions and whether their argmax
+agree are recorded, over the second half of the document (``n_steps`` tokens of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from ..policies import Policy
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    """KL(p ‖ q) in nats of the softmax distributions of two logit vectors [n_vocab]."""
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return float(np.sum(np.exp(lp) * (lp - lq)))
+
+
+@dataclass
+class Fidelity:
+    kl_mean: float
+    top1_agreement: float
+    n_steps: int
+
+
+def forced_logits(policy: Policy, tokens: list[int], n_steps: int) -> Iterator[np.ndarray]:
+    """Prefill ``policy`` with the first half of ``tokens``, then feed the next tokens of the second half one by one;
+    yields the next-token logits [n_vocab] after the prefill and after each fed token (``n_steps`` in all)."""
+    half = len(tokens) // 2
+    steps = min(n_steps, len(tokens) - half)
+    if half < 1 or steps < 1:
+        raise ValueError(f"a document of {len(tokens)} tokens is too short for teacher forcing")
+    logits = policy.prefill(tokens[:half])
+    for i in range(steps):
+        yield logits
+        if i + 1 < steps:
+            logits = policy.step(tokens[half + i])
+
+
+def teacher_forced(reference: np.ndarray, policy: Policy, tokens: list[int]) -> Fidelity:
+    """Compare ``policy`` with the reference (full KV) logits [n_steps, n_vocab] of ``forced_logits``."""
+    kls, agree = [], []
+    for ref, got in zip(reference, forced_logits(policy, tokens, reference.shape[0])):
+        kls.append(kl(ref, got))
+        agree.append(int(np.argmax(ref)) == int(np.argmax(got)))
+    return Fidelity(kl_mean=float(np.mean(kls)), top1_agreement=float(np.mean(agree)), n_steps=len(kls))

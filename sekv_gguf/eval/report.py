@@ -1,0 +1,95 @@
+"""Saving an evaluation: ``bench/eval-<name>.json`` (every parameter, per-case raw output, machine, commit) and PNG
+plots (accuracy vs budget per policy and task; KL vs budget)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "processor": platform.processor()}
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write(result: dict[str, Any], out_dir: Path, name: str, model: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"eval-{name}.json"
+    doc = {"name": name, "model": model, "machine": machine(), "commit": commit(), **result}
+    path.write_text(json.dumps(doc, indent=1))
+    plot(doc, out_dir / f"eval-{name}.png")
+    return path
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    acc = doc["summary"]["accuracy"]
+    fid = doc["summary"]["fidelity"]
+    tasks = list(doc["params"]["tasks"]) + ["all"]
+    policies = [p for p in doc["params"]["policies"]]
+    budgets = sorted(doc["params"]["budgets"])
+    n = len(tasks) + 1
+    cols = 4
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        for p in policies:
+            if p == "full":
+                if "full" in acc and task in acc["full"]:
+                    ax.axhline(acc["full"][task], color="k", ls="--", label="full")
+                continue
+            ys = [acc.get(f"{p}@{b:g}", {}).get(task) for b in budgets]
+            ax.plot([b for b, y in zip(budgets, ys) if y is not None], [y for y in ys if y is not None], "o-",
+                    label=p)
+        ax.set_title(task)
+        ax.set_xlabel("budget (share of context)")
+        ax.set_ylim(-0.05, 1.05)
+    ax = axes.flat[len(tasks)]
+    for p in policies:
+        if p == "full":
+            continue
+        ys = [fid.get(f"{p}@{b:g}", {}).get("kl_mean") for b in budgets]
+        ax.plot([b for b, y in zip(budgets, ys) if y is not None], [y for y in ys if y is not None], "o-", label=p)
+    ax.set_title("teacher-forced KL(full ‖ policy)")
+    ax.set_xlabel("budget (share of context)")
+    ax.set_yscale("log")
+    for extra in list(axes.flat)[n:]:
+        extra.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"{doc['model']} — lengths {doc['params']['lengths']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def table(doc: dict[str, Any]) -> str:
+    """A markdown table: per policy@budget, accuracy per task and overall, KL and top-1 agreement."""
+    acc, fid = doc["summary"]["accuracy"], doc["summary"]["fidelity"]
+    tasks = list(doc["params"]["tasks"])
+    head = "| policy | " + " | ".join(tasks) + " | all | KL | top-1 |"
+    lines = [head, "|" + "---|" * (len(tasks) + 4)]
+    for k, row in acc.items():
+        f = fid.get(k, {})
+        kl = f"{f['kl_mean']:.3f}" if f else "—"
+        top1 = f"{f['top1_agreement']:.2f}" if f else "—"
+        lines.append(f"| {k} | " + " | ".join(f"{row.get(t, float('nan')):.2f}" for t in tasks)
+                     + f" | {row['all']:.2f} | {kl} | {top1} |")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""The offline evaluation suite: every policy × budget on generated tasks and teacher-forced fidelity, side by side
+in one process, through the same engine. ``run_suite`` returns a JSON-ready dict (``report.write`` saves it)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from tqdm import tqdm
+
+from ..config import ContextConfig, SekvConfig
+from ..documents import stdlib_prose
+from ..engine import generate, make_policy
+from ..errors import SekvError
+from ..policies import POLICIES
+from .fidelity import forced_logits, teacher_forced
+from .tasks import TASKS, make_case, score
+
+DEFAULT_POLICIES = ("full", "streaming", "h2o", "snapkv", "quest", "sekv")
+
+
+@dataclass
+class EvalConfig:
+    """What one evaluation run covers.
+
+    policies / tasks: names from ``POLICIES`` / ``TASKS``. budgets: device budgets as fractions of prompt +
+    generation (``full`` ignores them). lengths: prompt lengths in tokens. samples: seeds per (task, haystack,
+    length). haystacks: "prose" (natural text) and/or "filler" (RULER's repeated sentences). n_predict: greedy
+    tokens generated per case. fidelity_docs / fidelity_steps: natural-text documents per length and teacher-forced
+    tokens per document (0 docs: no fidelity). seed: first task seed.
+    """
+
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    budgets: tuple[float, ...] = (0.1, 0.2, 0.3)
+    tasks: tuple[str, ...] = tuple(TASKS)
+    lengths: tuple[int, ...] = (4096,)
+    samples: int = 1
+    haystacks: tuple[str, ...] = ("prose", "filler")
+    n_predict: int = 24  # at least; a case that needs more (``meta["max_new_tokens"]``) gets more
+    fidelity_docs: int = 1
+    fidelity_steps: int = 64
+    seed: int = 0
+    sekv: dict[str, Any] = field(default_factory=dict)  # SekvConfig overrides (besides kv_budget)
+
+    def __post_init__(self) -> None:
+        for kind, names, known in (("policy", self.policies, POLICIES), ("task", self.tasks, TASKS)):
+            bad = [n for n in names if n not in known]
+            if bad:
+                raise ValueError(f"unknown {kind} {bad[0]!r}; choose from {', '.join(sorted(known))}")
+        if not self.policies or not self.tasks or not self.lengths or not self.budgets:
+            raise ValueError("need at least one policy, task, length and budget")
+        if any(not 0 < b <= 1 for b in self.budgets):
+            raise ValueError(f"budgets are fractions of the context in (0, 1], got {list(self.budgets)}")
+        if any(n < 256 for n in self.lengths):
+            raise ValueError(f"lengths must be >= 256 tokens, got {list(self.lengths)}")
+        if self.samples < 1 or self.n_predict < 1 or self.fidelity_docs < 0 or self.fidelity_steps < 1:
+            raise ValueError("samples, n_predict and fidelity_steps must be >= 1, fidelity_docs >= 0")
+        bad_h = [h for h in self.haystacks if h not in ("prose", "filler")]
+        if bad_h or not self.haystacks:
+            raise ValueError(f"haystacks are 'prose' and/or 'filler', got {list(self.haystacks)}")
+        SekvConfig(**self.sekv)  # validates the overrides
+
+
+def _runs(cfg: EvalConfig) -> list[tuple[str, float | None]]:
+    """(policy, budget) pairs: full once, every other policy at every budget."""
+    return [(p, None) if p == "full" else (p, b) for p in cfg.policies for b in ([None] if p == "full" else cfg.budgets)]
+
+
+def check_lengths(model: Any, cfg: EvalConfig) -> None:
+    limit = model.n_ctx_train()
+    too_long = [n for n in cfg.lengths if limit > 0 and n + cfg.n_predict > limit]
+    if too_long:
+        raise ValueError(f"length {too_long[0]} + {cfg.n_predict} generated tokens exceeds the model's training "
+                         f"context of {limit} tokens")
+
+
+def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = None, progress: bool = True,
+              log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every (task case, policy, budget) and the fidelity documents; returns cases, fidelity and a summary."""
+    check_lengths(model, cfg)
+    ctx_config = ctx_config or ContextConfig()
+    tokenize = lambda text: model.tokenize(text.encode("utf-8"), add_bos=True, special=False)  # noqa: E731
+    count = lambda text: len(tokenize(text))  # noqa: E731
+    runs = _runs(cfg)
+    n_cases = len(cfg.lengths) * len(cfg.tasks) * len(cfg.haystacks) * cfg.samples
+    n_fid = len(cfg.lengths) * cfg.fidelity_docs
+    bar = tqdm(total=n_cases * len(runs) + n_fid * len(runs), desc="eval", unit="run", disable=not progress)
+    cases: list[dict[str, Any]] = []
+    fidelity: list[dict[str, Any]] = []
+
+    def make(name: str, budget: float | None, n_context: int):
+        config = SekvConfig(**{**cfg.sekv, "kv_budget": budget if budget is not None else 1.0})
+        return make_policy(name, model, n_context, ctx_config, config)
+
+    for length in cfg.lengths:
+        for task in cfg.tasks:
+            for hay in cfg.haystacks:
+                for s in range(cfg.samples):
+                    case = make_case(task, count, length, cfg.seed + s, hay)
+                    tokens = tokenize(case.prompt)
+                    # answers such as uuids or four 7-digit numbers need more tokens than the default
+                    n_predict = max(cfg.n_predict, int(case.meta.get("max_new_tokens", 0)))
+                    for name, budget in runs:
+                        row = {"task": task, "haystack": hay, "length": length, "seed": case.seed,
+                               "prompt_tokens": len(tokens), "depth": None if np.isnan(case.depth) else case.depth, "answers": list(case.answers),
+                               "metric": case.metric, "policy": name, "budget": budget}
+                        try:
+                            policy = make(name, budget, len(tokens) + n_predict)
+                            try:
+                                r = generate(policy, tokens, n_predict)
+                            finally:
+                                policy.close()
+                            # a task may end its answer at a stop string (arithmetic: the first line)
+                            answer = r.text.split(case.meta["stop"])[0] if case.meta.get("stop") else r.text
+                            row.update({"output": r.text, "score": score(case, answer),
+                                        "device_kv_bytes": r.device_kv_bytes, "full_kv_bytes": r.full_kv_bytes,
+                                        "host_kv_bytes": r.host_kv_bytes, "prefill_s": r.prefill_s,
+                                        "decode_s": r.decode_s})
+                        except SekvError as e:  # e.g. a budget too small for this policy: recorded, not fatal
+                            row.update({"output": None, "score": None, "error": str(e)})
+                        cases.append(row)
+                        if log:
+                            log(f"{task:>18} {hay:>6} {length:>6} {name:>9} {budget or '':>4} "
+                                f"score {row['score']} {str(row['output'])[:40]!r}")
+                        bar.update(1)
+        prose = stdlib_prose()
+        for doc in range(cfg.fidelity_docs):
+            offset = (len(prose) // 3 + doc * 7919 * 13) % len(prose)
+            tokens = tokenize((prose[offset:] + prose[:offset]) * (1 + 8 * length // max(len(prose), 1)))[:length]
+            full = make("full", None, length)
+            try:
+                reference = np.stack(list(forced_logits(full, tokens, cfg.fidelity_steps)))  # [steps, n_vocab]
+            finally:
+                full.close()
+            bar.update(1)
+            for name, budget in runs:
+                if name == "full":
+                    continue
+                row = {"length": length, "doc": doc, "policy": name, "budget": budget}
+                try:
+                    policy = make(name, budget, length)
+                    try:
+                        fid = teacher_forced(reference, policy, tokens)
+                    finally:
+                        policy.close()
+                    row.update(asdict(fid))
+                except SekvError as e:
+                    row.update({"kl_mean": None, "top1_agreement": None, "error": str(e)})
+                fidelity.append(row)
+                bar.update(1)
+    bar.close()
+    return {"params": asdict(cfg), "cases": cases, "fidelity": fidelity, "summary": summarize(cases, fidelity)}
+
+
+def summarize(cases: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean score per (policy, budget, task) and per (policy, budget) over all tasks; mean KL / agreement."""
+    def key(r: dict[str, Any]) -> str:
+        return r["policy"] if r["budget"] is None else f"{r['policy']}@{r['budget']:g}"
+
+    acc: dict[str, dict[str, list[float]]] = {}
+    for r in cases:
+        acc.setdefault(key(r), {}).setdefault(r["task"], []).append(0.0 if r["score"] is None else r["score"])
+    out: dict[str, Any] = {"accuracy": {}, "fidelity": {}}
+    for k, per_task in acc.items():
+        out["accuracy"][k] = {t: float(np.mean(v)) for t, v in per_task.items()}
+        out["accuracy"][k]["all"] = float(np.mean([x for v in per_task.values() for x in v]))
+    fid: dict[str, list[dict[str, Any]]] = {}
+    for r in fidelity:
+        if r.get("kl_mean") is not None:
+            fid.setdefault(key(r), []).append(r)
+    for k, rows in fid.items():
+        out["fidelity"][k] = {"kl_mean": float(np.mean([r["kl_mean"] for r in rows])),
+                              "top1_agreement": float(np.mean([r["top1_agreement"] for r in rows]))}
+    return out

@@ -1,0 +1,75 @@
+"""The evaluation suite end to end on the tiny model (mechanics, not accuracy: its weights are random)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sekv_gguf.cli import main
+from sekv_gguf.engine import make_policy
+from sekv_gguf.eval.fidelity import forced_logits, kl, teacher_forced
+from sekv_gguf.eval.report import table, write
+from sekv_gguf.eval.suite import EvalConfig, run_suite
+from sekv_gguf.session import load_model
+
+
+@pytest.fixture(scope="module")
+def llama_model(tiny_llama):
+    return load_model(tiny_llama)
+
+
+def test_kl_is_zero_for_equal_and_positive_for_different():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(100).astype(np.float32)
+    assert abs(kl(a, a)) < 1e-12
+    assert kl(a, a + 3.0) < 1e-9  # a shift is the same distribution
+    b = a.copy()
+    b[0] += 5
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    p = np.exp(a64 - a64.max()) / np.exp(a64 - a64.max()).sum()
+    q = np.exp(b64 - b64.max()) / np.exp(b64 - b64.max()).sum()
+    assert abs(kl(a, b) - float(np.sum(p * np.log(p / q)))) < 1e-9
+
+
+def test_teacher_forced_full_against_itself_is_exact(llama_model):
+    toks = list(range(3, 200))
+    ref_policy = make_policy("full", llama_model, len(toks))
+    ref = np.stack(list(forced_logits(ref_policy, toks, 6)))
+    ref_policy.close()
+    again = make_policy("full", llama_model, len(toks))
+    fid = teacher_forced(ref, again, toks)
+    again.close()
+    assert fid.n_steps == 6 and fid.kl_mean < 1e-9 and fid.top1_agreement == 1.0
+
+
+def test_suite_runs_every_policy_and_writes_json_and_plot(llama_model, tmp_path):
+    cfg = EvalConfig(policies=("full", "streaming", "h2o", "snapkv", "quest", "sekv"), budgets=(0.5,),
+                     tasks=("niah_number", "arithmetic"), lengths=(1024,), haystacks=("prose",), n_predict=4,
+                     fidelity_docs=1, fidelity_steps=4)
+    result = run_suite(llama_model, cfg, progress=False)
+    assert len(result["cases"]) == 2 * 6
+    assert all(r["output"] is not None and r["score"] in (0.0, 1.0) for r in result["cases"]), result["cases"]
+    assert {r["policy"] for r in result["fidelity"]} == {"streaming", "h2o", "snapkv", "quest", "sekv"}
+    assert all(r["kl_mean"] >= 0 and 0 <= r["top1_agreement"] <= 1 for r in result["fidelity"])
+    assert set(result["summary"]["accuracy"]) == {"full", "streaming@0.5", "h2o@0.5", "snapkv@0.5", "quest@0.5",
+                                                  "sekv@0.5"}
+    path = write(result, tmp_path, "t", "tiny")
+    doc = json.loads(path.read_text())
+    assert doc["params"]["tasks"] == ["niah_number", "arithmetic"] and doc["commit"] and doc["machine"]["cpus"]
+    assert path.with_suffix(".png").stat().st_size > 1000
+    assert "| sekv@0.5 |" in table(doc)
+
+
+def test_bad_eval_input_is_refused(llama_model, capsys):
+    with pytest.raises(ValueError, match="unknown policy 'nope'; choose from"):
+        EvalConfig(policies=("nope",))
+    with pytest.raises(ValueError, match="unknown task 'bogus'"):
+        EvalConfig(tasks=("bogus",))
+    with pytest.raises(ValueError, match="budgets are fractions"):
+        EvalConfig(budgets=(0.0,))
+    with pytest.raises(ValueError, match="exceeds the model's training context"):
+        run_suite(llama_model, EvalConfig(lengths=(70000,)), progress=False)
+    assert main(["eval", "--policies", "nope"]) == 1
+    assert "unknown policy 'nope'" in capsys.readouterr().err

@@ -1,0 +1,170 @@
+"""Generated RULER-style tasks: deterministic per seed, fitted to the token budget, facts where they say, RULER scoring.
+
+No model: tokens are counted by cheap stand-ins (characters / 4, or words and punctuation)."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections import Counter
+
+import pytest
+
+from sekv_gguf.eval import TASKS, Case, make_case, score
+
+COUNTS = {
+    "chars/4": lambda text: len(text) // 4,
+    "words": lambda text: 1 + len(re.findall(r"\w+|[^\w\s]", text)),  # a BOS and a word/punctuation tokenizer
+}
+count = COUNTS["chars/4"]
+HAYSTACKS = ("filler", "prose")
+ALL = list(TASKS)
+N_ANSWERS = {"niah_multivalue": 4, "niah_multiquery": 2, "variable_tracking": 5, "frequent_words": 3}
+
+
+def context(case: Case) -> str:
+    start, end = case.meta["context"]
+    return case.prompt[start:end]
+
+
+def test_task_names():
+    assert ALL == ["niah_number", "niah_word", "niah_uuid", "niah_multikey", "niah_multivalue", "niah_multiquery",
+                   "kv_retrieval", "variable_tracking", "frequent_words", "arithmetic"]
+
+
+@pytest.mark.parametrize("haystack", HAYSTACKS)
+@pytest.mark.parametrize("task", ALL)
+def test_deterministic_per_seed(task, haystack):
+    random.seed(1)
+    a = make_case(task, count, 1024, 3, haystack)
+    random.seed(2)  # the global generator plays no part
+    b = make_case(task, count, 1024, 3, haystack)
+    c = make_case(task, count, 1024, 4, haystack)
+    assert repr(a) == repr(b)  # repr: depth may be NaN, and NaN != NaN
+    assert a.prompt != c.prompt and a.answers != c.answers
+    assert (a.task, a.haystack, a.seed, a.n_tokens) == (task, haystack, 3, 1024)
+
+
+@pytest.mark.parametrize("task", ALL)
+def test_shape(task):
+    case = make_case(task, count, 1024, 0)
+    assert case.haystack == "prose"  # the default
+    assert len(case.answers) == N_ANSWERS.get(task, 1)
+    assert case.metric == ("any" if task == "arithmetic" else "all")
+    assert case.prompt.endswith(":")  # an answer lead, no trailing space
+    assert math.isnan(case.depth) == (task in ("frequent_words", "arithmetic"))
+    assert score(case, " " + ", ".join(case.answers) + ".") == 1.0
+
+
+@pytest.mark.parametrize("counter", COUNTS)
+@pytest.mark.parametrize("n_tokens", [512, 4096])
+@pytest.mark.parametrize("haystack", HAYSTACKS)
+@pytest.mark.parametrize("task", ALL)
+def test_token_length_within_bounds(task, haystack, n_tokens, counter):
+    n = COUNTS[counter](make_case(task, COUNTS[counter], n_tokens, 5, haystack).prompt)
+    assert 0.9 * n_tokens <= n <= n_tokens
+
+
+@pytest.mark.parametrize("haystack", HAYSTACKS)
+@pytest.mark.parametrize("task", ALL)
+def test_facts_in_context_at_their_depth(task, haystack):
+    for seed in range(3):
+        case = make_case(task, count, 4096, seed, haystack)
+        ctx = context(case)
+        question = case.prompt[case.meta["context"][1]:]
+        if task != "arithmetic":  # retrieval: every answer is stated before the question, not in it
+            assert all(answer in ctx and answer not in question for answer in case.answers)
+        for item in case.meta["inserted"]:
+            assert ctx[item["offset"]:].startswith(item["text"])
+            before = ctx[:item["offset"]]
+            gap = before[len(before.rstrip()):]
+            assert before == "" or gap and (before.rstrip()[-1] in ".!?" or "\n" in gap), before[-80:]
+            assert abs((item["offset"] + item["anchor"]) / len(ctx) - item["depth"]) <= 0.05
+        first = next((item for item in case.meta["inserted"] if item["answer"]), None)
+        assert math.isnan(case.depth) if first is None else case.depth == first["depth"]
+
+
+@pytest.mark.parametrize("haystack", HAYSTACKS)
+def test_niah_needles(haystack):
+    case = make_case("niah_multikey", count, 2048, 1, haystack)
+    needles = re.findall(r"One of the special magic numbers for ([\w-]+) is: (\d{7})\.", context(case))
+    assert len(needles) == 4 and len({k for k, _ in needles}) == 4
+    asked = [k for k, v in needles if v in case.answers]
+    assert len(asked) == 1 and asked[0] in case.prompt[case.meta["context"][1]:]
+    case = make_case("niah_multivalue", count, 2048, 1, haystack)
+    needles = re.findall(r"One of the special magic numbers for ([\w-]+) is: (\d{7})\.", context(case))
+    assert len({k for k, _ in needles}) == 1 and sorted(v for _, v in needles) == sorted(case.answers)
+    uuid = make_case("niah_uuid", count, 2048, 1, haystack).answers[0]
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", uuid)
+
+
+@pytest.mark.parametrize("haystack", HAYSTACKS)
+def test_kv_retrieval_pair(haystack):
+    case = make_case("kv_retrieval", count, 4096, 2, haystack)
+    key = re.search(r'key "([0-9a-f-]{36})"', case.prompt[case.meta["context"][1]:]).group(1)
+    assert f'"{key}": "{case.answers[0]}"' in context(case)
+    assert case.meta["n_pairs"] == 16
+
+
+@pytest.mark.parametrize("haystack", HAYSTACKS)
+def test_variable_chain(haystack):
+    case = make_case("variable_tracking", count, 2048, 3, haystack)
+    values: dict[str, str] = {}
+    for name, value in re.findall(r"VAR (\w{5}) = (\d{5}|VAR \w{5})\.", context(case)):
+        values[name] = values[value[4:]] if value.startswith("VAR ") else value  # defined before use
+    assert sorted(values) == sorted(case.answers) and len(set(values.values())) == 1
+    assert f"the value {next(iter(values.values()))}" in case.prompt[case.meta["context"][1]:]
+
+
+@pytest.mark.parametrize("haystack", HAYSTACKS)
+def test_frequent_words_are_the_top_three(haystack):
+    case = make_case("frequent_words", count, 2048, 4, haystack)
+    ranked = Counter(context(case).split()).most_common(4)
+    assert tuple(w for w, _ in ranked[:3]) == case.answers
+    assert ranked[2][1] > ranked[3][1]
+
+
+def test_arithmetic_shots():
+    case = make_case("arithmetic", count, 2048, 6, "filler")
+    shots = re.findall(r"Q: [^\n]+\nA: (\d+)", context(case))
+    assert len(shots) == len(case.meta["inserted"]) == 2048 // 128
+    assert case.prompt.endswith("\nA:") and case.answers[0].isdigit() and case.meta["stop"] == "\n"
+
+
+def _case(answers: tuple[str, ...], metric: str) -> Case:
+    return Case("t", "prompt", answers, metric, math.nan, "filler", 0, 512, {})
+
+
+def test_score_any():
+    case = _case(("17", "Seventeen"), "any")
+    assert score(case, " 17\n") == 1.0
+    assert score(case, "  seventeen apples") == 1.0
+    assert score(case, "16") == 0.0
+    assert score(case, "") == 0.0
+
+
+def test_score_all_partial_and_case_insensitive():
+    case = _case(("1234567", "Quixotic", "ABCDE"), "all")
+    assert score(case, "  quixotic, abcde and 1234567.\n") == 1.0
+    assert score(case, "QUIXOTIC 1234567") == pytest.approx(2 / 3)
+    assert score(case, "abcde") == pytest.approx(1 / 3)
+    assert score(case, "nothing") == 0.0
+    assert score(_case((" 42 ",), "all"), "The answer is 42.") == 1.0  # references are stripped too
+
+
+def test_unknown_task_names_the_valid_ones():
+    with pytest.raises(ValueError) as err:
+        make_case("niah_banana", count, 1024, 0)
+    assert "niah_banana" in str(err.value) and all(name in str(err.value) for name in TASKS)
+
+
+def test_unknown_haystack():
+    with pytest.raises(ValueError, match="haystack"):
+        make_case("niah_number", count, 1024, 0, "lorem")
+
+
+@pytest.mark.parametrize("task", ALL)
+def test_too_few_tokens(task):
+    with pytest.raises(ValueError, match=f"too small for task '{task}'"):
+        make_case(task, count, 16, 0)
