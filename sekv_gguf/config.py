@@ -163,6 +163,8 @@ class BaselineConfig:
     obs_window: SnapKV's observation window, the last prompt tokens whose queries vote.
     pool_kernel: SnapKV's pooling (average over neighbouring positions) kernel size, odd.
     block: Quest's page size in tokens (the routing unit).
+    chunk_size: ChunkKV's chunk length in tokens.
+    pyramid_beta: PyramidKV's slope: the top layer keeps 1/beta of the mean per-layer budget.
     """
 
     recent_share: float = 0.5
@@ -170,6 +172,8 @@ class BaselineConfig:
     obs_window: int = 32
     pool_kernel: int = 7
     block: int = 32
+    chunk_size: int = 10
+    pyramid_beta: float = 20.0
 
     def __post_init__(self) -> None:
         if not 0 < self.recent_share < 1:
@@ -177,5 +181,7 @@ class BaselineConfig:
         if self.evict_batch < 1 or self.obs_window < 1 or self.block < 1:
             raise ValueError(f"evict_batch, obs_window and block must be >= 1, got {self.evict_batch}, "
                              f"{self.obs_window}, {self.block}")
+        if self.chunk_size < 1 or self.pyramid_beta < 1:
+            raise ValueError(f"chunk_size and pyramid_beta must be >= 1, got {self.chunk_size}, {self.pyramid_beta}")
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise ValueError(f"pool_kernel must be a positive odd number, got {self.pool_kernel}")

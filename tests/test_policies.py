@@ -146,6 +146,43 @@ def test_snapkv_keeps_the_pooled_vote_winners(llama_model):
     policy.close()
 
 
+def test_chunkkv_keeps_whole_chunks(llama_model):
+    toks = _tokens(llama_model, 1000)
+    policy = make_policy("chunkkv", llama_model, len(toks) + 4, config=SekvConfig(kv_budget=256, chunk=128),
+                         baseline=BaselineConfig(obs_window=16, chunk_size=10))
+    policy.prefill(toks)
+    got = _resident_positions(policy)
+    prefix = got[got < len(toks) - 16]
+    chunks, counts = np.unique(prefix // 10, return_counts=True)
+    partial = chunks[counts < 10]
+    assert set(partial.tolist()) <= {(len(toks) - 17) // 10}  # only the prefix's last, cut chunk may be partial
+    assert prefix.size > 100 and np.array_equal(got[-16:], np.arange(len(toks) - 16, len(toks)))
+    policy.close()
+
+
+def test_pyramidkv_layers_keep_shrinking_sets_within_the_budget(llama_model, tiny_llama):
+    from sekv_gguf.tiny_models import TinySpec, write_tiny_llama
+
+    deep = load_model(write_tiny_llama(tiny_llama.parent / "deep.gguf", TinySpec(n_layer=4)))
+    toks = _tokens(deep, 1000)
+    policy = make_policy("pyramidkv", deep, len(toks) + 4, config=SekvConfig(kv_budget=256, chunk=128),
+                         baseline=BaselineConfig(obs_window=16, pyramid_beta=4))
+    policy.prefill(toks)
+    hook = policy.session.hook
+    resident = np.flatnonzero(hook.cells_pos() >= 0)
+    assert resident.size <= 256
+    visible = [int(np.isfinite(hook.get_bias(ikv)[resident]).sum()) for ikv in range(4)]
+    assert visible[0] > visible[1] > visible[2] > visible[3] >= 16 + 4, visible  # shrinking with depth
+    assert visible[0] <= resident.size
+    # the newest tokens (observation window) are visible in every layer
+    pos = hook.cells_pos()
+    window = np.flatnonzero(pos >= len(toks) - 16)
+    assert all(np.isfinite(hook.get_bias(ikv)[window]).all() for ikv in range(4))
+    run_logits = policy.step(int(toks[-1]))
+    assert np.isfinite(run_logits).all()
+    policy.close()
+
+
 def test_quest_is_blocks_without_summary_rows(llama_model):
     toks = _tokens(llama_model, 1500)
     policy = make_policy("quest", llama_model, len(toks) + 4, config=SekvConfig(kv_budget=512, chunk=128),

@@ -1,9 +1,11 @@
 """KV-cache policies, all driven through the same hook and decode loop (``sekv_gguf.engine``)."""
 
 from .base import Policy
+from .chunkkv import ChunkKVPolicy
 from .eviction import EvictionPolicy
 from .full import FullPolicy
 from .h2o import H2OPolicy
+from .pyramidkv import PyramidKVPolicy
 from .quest import QuestPolicy
 from .sekv import SekvPolicy
 from .snapkv import SnapKVPolicy
@@ -11,7 +13,8 @@ from .streaming import StreamingPolicy
 
 # name -> class; the CLI, tests and benchmarks loop over this
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (FullPolicy, StreamingPolicy, H2OPolicy, SnapKVPolicy, QuestPolicy, SekvPolicy)}
+    cls.name: cls for cls in (FullPolicy, StreamingPolicy, H2OPolicy, SnapKVPolicy, PyramidKVPolicy, ChunkKVPolicy,
+                              QuestPolicy, SekvPolicy)}
 
-__all__ = ["POLICIES", "EvictionPolicy", "FullPolicy", "H2OPolicy", "Policy", "QuestPolicy", "SekvPolicy",
-           "SnapKVPolicy", "StreamingPolicy"]
+__all__ = ["POLICIES", "ChunkKVPolicy", "EvictionPolicy", "FullPolicy", "H2OPolicy", "Policy", "PyramidKVPolicy",
+           "QuestPolicy", "SekvPolicy", "SnapKVPolicy", "StreamingPolicy"]

@@ -26,11 +26,17 @@ from .transfer import cell_of_position, copy_tokens
 class SnapKVPolicy(EvictionPolicy):
     name = "snapkv"
 
-    def select(self, votes: np.ndarray, n_keep: int) -> np.ndarray:
-        """Positions (ascending) of the ``n_keep`` prefix tokens to keep, from votes [n_prefix] (sinks forced)."""
-        pooled = uniform_filter1d(votes.astype(np.float64), size=self.params.pool_kernel, mode="constant")
-        pooled[: self.n_sink] = np.inf
-        return np.sort(np.argsort(-pooled, kind="stable")[:n_keep])
+    def pooled(self, votes: np.ndarray) -> np.ndarray:
+        """Average-pooled votes [n_prefix] (float64) with the sinks forced in."""
+        out = uniform_filter1d(votes.astype(np.float64), size=self.params.pool_kernel, mode="constant")
+        out[: self.n_sink] = np.inf
+        return out
+
+    def select(self, votes: np.ndarray, n_keep: int) -> list[np.ndarray]:
+        """Positions (ascending) of the prefix tokens each hooked layer keeps, from per-layer votes
+        [n_layer, n_prefix]; their union must not exceed ``n_keep``. SnapKV: one set from the summed votes."""
+        keep = np.sort(np.argsort(-self.pooled(votes.sum(axis=0)), kind="stable")[:n_keep])
+        return [keep] * votes.shape[0]
 
     def prefill(self, tokens: list[int]) -> np.ndarray:
         n_gen = self.n_context - len(tokens)
@@ -48,21 +54,36 @@ class SnapKVPolicy(EvictionPolicy):
                 self.n_prefilled = min(c0 + full.n_batch, n_prefix)
                 self.notify()
             prefix_cells = cell_of_position(full, n_prefix)
-            votes = np.zeros(n_prefix, dtype=np.float32)  # [n_prefix]
+            votes = np.zeros((self.n_layer, n_prefix), dtype=np.float32)  # [n_layer, n_prefix]
             keys = [full.hook.get_rows(ikv, prefix_cells)[0] for ikv in range(self.n_layer)]  # f16 [n, Hkv, d]
             logits = None
             for t in tokens[n_prefix:]:
                 logits = full.decode([t])
                 for ikv in range(self.n_layer):
-                    native.attn_mass(full.hook.query(ikv), keys[ikv], votes)
+                    native.attn_mass(full.hook.query(ikv), keys[ikv], votes[ikv])
             self.n_prefilled = len(tokens)
-            keep = np.concatenate([self.select(votes, n_keep), np.arange(n_prefix, len(tokens))])
+            per_layer = self.select(votes, n_keep)
+            union = np.unique(np.concatenate(per_layer))
+            if union.size > n_keep:
+                raise AssertionError(f"{self.name}: selected {union.size} prefix tokens for {n_keep} cells")
+            keep = np.concatenate([union, np.arange(n_prefix, len(tokens))])
             self.cell = copy_tokens(full, self.session, keep)
             self.pos = keep.astype(np.int64)
             self.score = np.zeros(keep.size)
             self.evicted = len(tokens) - keep.size
+            self._mask_layers(union, per_layer)
         finally:
             full.close()
         self.phase = "decode"
         self.notify()
         return logits
+
+    def _mask_layers(self, union: np.ndarray, per_layer: list[np.ndarray]) -> None:
+        """Layers that keep fewer tokens than the union mask the others out with the per-layer bias."""
+        masks = [np.flatnonzero(~np.isin(union, sel)) for sel in per_layer]  # indices into union (= cells)
+        if not any(m.size for m in masks):
+            return
+        self.hook.enable_bias()
+        for ikv, m in enumerate(masks):
+            if m.size:
+                self.hook.set_bias_cells(ikv, self.cell[m], float("-inf"))

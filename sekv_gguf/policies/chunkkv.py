@@ -1,0 +1,34 @@
+"""ChunkKV (Liu et al., "ChunkKV: Semantic-Preserving KV Cache Compression for Efficient Long-Context LLM
+Inference", 2025): SnapKV's observation-window votes summed over fixed chunks of ``chunk_size`` tokens; whole
+chunks are kept or dropped, so a kept fact keeps its neighbours. The paper reuses one layer's indices for adjacent
+layers; here every hooked layer shares one index set (cells are shared by the layers), its extreme form.
+
+Parameters: ``SekvConfig.kv_budget``, ``SekvConfig.n_sink`` (always kept); ``BaselineConfig.obs_window``,
+``BaselineConfig.chunk_size``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .snapkv import SnapKVPolicy
+
+
+class ChunkKVPolicy(SnapKVPolicy):
+    name = "chunkkv"
+
+    def select(self, votes: np.ndarray, n_keep: int) -> list[np.ndarray]:
+        size = self.params.chunk_size
+        v = votes.sum(axis=0).astype(np.float64)  # [n_prefix]
+        n_prefix = v.size
+        n_chunks = -(-n_prefix // size)
+        per_chunk = np.bincount(np.arange(n_prefix) // size, weights=v, minlength=n_chunks)  # [n_chunks]
+        sinks = np.arange(min(self.n_sink, n_prefix))
+        per_chunk[sinks // size] = np.inf  # the sinks' chunk stays
+        keep: list[int] = []
+        for c in np.argsort(-per_chunk, kind="stable"):
+            members = range(int(c) * size, min((int(c) + 1) * size, n_prefix))
+            if len(keep) + len(members) > n_keep:
+                break
+            keep.extend(members)
+        keep_arr = np.union1d(np.asarray(keep, dtype=np.int64), sinks)[:n_keep]
+        return [np.sort(keep_arr)] * votes.shape[0]
