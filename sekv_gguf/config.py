@@ -74,6 +74,7 @@ class SekvConfig:
     router: "mass" (default: each span's attention mass logsumexp_t q·k_t from its host factors) or "summary"
         (the summary row's logit q·k̄ + log|S|); both training-free. On Gemma 3 270M needles at 4K / 25% budget the
         summary score missed needles the mass score found, and energies of 0.95-0.995 lost them (see README).
+        The baselines use "bound" (Quest's channel-wise min/max bound) and "centroid" (q·k̄ without the length term).
     chunk: prompt tokens per llama_decode in streaming prefill.
     prefill: "streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size
         context, then compression), or "auto" (streaming when the prompt does not fit the budget).
@@ -86,7 +87,8 @@ class SekvConfig:
     compress_when_fits: compress even when prompt + generation fit the budget (for exactness checks and studies;
         by default such a run is plain full KV).
     segmentation: "surprisal" (anchors and change-point spans from the prompt's surprisal) or "blocks" (fixed
-        blocks of ``span_max`` tokens, no anchors, no logits beyond the last: the Quest-like baseline).
+        blocks of ``span_max`` tokens, no anchors, no logits beyond the last: the Quest-like baseline) or
+        "sentences" (one span per sentence, split at ``span_max``: the SentenceKV-like baseline).
     summary_rows: keep one summary row per span in the device cache (SeKV's coarse resolution); False: spans are
         either zoomed or absent from attention (the Quest-like baseline; routing still reads the host summaries).
     """
@@ -137,10 +139,10 @@ class SekvConfig:
             raise ValueError(f"route_every and max_new_zooms must be >= 1, got {self.route_every}, {self.max_new_zooms}")
         if self.r_max < 1 or self.chunk < 1:
             raise ValueError(f"r_max and chunk must be >= 1, got {self.r_max}, {self.chunk}")
-        if self.router not in ("mass", "summary", "bound"):
-            raise ValueError(f"router must be mass, summary or bound, got {self.router!r}")
-        if self.segmentation not in ("surprisal", "blocks"):
-            raise ValueError(f"segmentation must be surprisal or blocks, got {self.segmentation!r}")
+        if self.router not in ("mass", "summary", "bound", "centroid"):
+            raise ValueError(f"router must be mass, summary, bound or centroid, got {self.router!r}")
+        if self.segmentation not in ("surprisal", "blocks", "sentences"):
+            raise ValueError(f"segmentation must be surprisal, blocks or sentences, got {self.segmentation!r}")
         if self.prefill not in ("auto", "streaming", "exact"):
             raise ValueError(f"prefill must be auto, streaming or exact, got {self.prefill!r}")
 

@@ -47,6 +47,20 @@ class SummaryRouter(Router):
         return logits.reshape(keys.shape[0], -1).max(axis=1) + np.log(lengths)
 
 
+class CentroidRouter(Router):
+    """``max over the query heads of a KV group of q·k̄``: similarity of the query to the span's mean key, with no
+    length term (SentenceKV's sentence-vector retrieval)."""
+
+    name = "training-free"
+    score_kind = "centroid"
+
+    def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
+              spans: Sequence[Span], bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        q = _grouped(query, keys.shape[1])
+        logits = np.einsum("shd,hgd->shg", keys, q)  # [n_spans, Hkv, group]
+        return logits.reshape(keys.shape[0], -1).max(axis=1)
+
+
 class LowRankMassRouter(Router):
     """The attention mass the span's tokens would get: ``max over query heads of logsumexp_t q·k_t`` with k_t rebuilt
     from the span's host factors (U·S·Vᵀ) — exact up to the stored rank, no training. Computed in native code from
@@ -89,4 +103,5 @@ class BoundRouter(Router):
         return ub.reshape(ub.shape[0], -1).max(axis=1)
 
 
-ROUTERS: dict[str, type[Router]] = {cls.score_kind: cls for cls in (SummaryRouter, LowRankMassRouter, BoundRouter)}
+ROUTERS: dict[str, type[Router]] = {
+    cls.score_kind: cls for cls in (SummaryRouter, CentroidRouter, LowRankMassRouter, BoundRouter)}

@@ -83,3 +83,29 @@ class Segmenter:
         lo, hi = self.config.span_min, self.config.span_max
         jumps = np.abs(np.diff(s))  # jumps[j] is between tokens j and j+1
         return lo + int(np.argmax(jumps[lo - 1:hi]))
+
+
+class SentenceSegmenter:
+    """Spans = sentences: the signal handed to ``cut`` is 1 at a sentence's last token (``.!?`` or a line break)
+    and 0 elsewhere. A sentence longer than ``span_max`` is split; no anchors. (The SentenceKV-like baseline.)"""
+
+    def __init__(self, config: SekvConfig):
+        self.config = config
+        self.n_anchors = 0
+
+    def observe(self, signal: np.ndarray) -> None:
+        """Nothing to learn: sentence ends are read from the tokens."""
+
+    def cut(self, signal: np.ndarray, final: bool = False) -> Segmentation:
+        ends = np.flatnonzero(np.asarray(signal) > 0.5)  # indices of sentence-final tokens
+        spans: list[np.ndarray] = []
+        start = 0
+        for e in ends:
+            for s0 in range(start, e + 1, self.config.span_max):
+                spans.append(np.arange(s0, min(s0 + self.config.span_max, e + 1)))
+            start = e + 1
+        n = len(signal)
+        if final and start < n:
+            spans.append(np.arange(start, n))
+            start = n
+        return Segmentation(anchors=np.zeros(0, dtype=np.int64), spans=spans, pending=np.arange(start, n))

@@ -193,6 +193,42 @@ def test_quest_is_blocks_without_summary_rows(llama_model):
     policy.close()
 
 
+def test_sentencekv_spans_are_sentences(llama_model):
+    toks = _tokens(llama_model, 1500)
+    policy = make_policy("sentencekv", llama_model, len(toks) + 4, config=SekvConfig(kv_budget=512, chunk=128))
+    generate(policy, toks, 4, stop_at_eos=False)
+    assert len(policy.spans) > 10 and all(s.summary_cell == -1 for s in policy.spans)
+    session = policy.session
+    ends = 0
+    for span in policy.spans:
+        last = toks[int(span.positions[-1])]
+        piece = session.piece(last)
+        ends += b"\n" in piece or piece.rstrip().endswith((b".", b"!", b"?"))
+        assert span.length <= policy.config.span_max
+    assert ends >= 0.9 * len(policy.spans)  # only sentences longer than span_max are cut elsewhere
+    assert policy.router.score_kind == "centroid"
+    policy.close()
+
+
+def test_semanticache_merges_into_cores_with_log_count_bias(llama_model):
+    toks = _tokens(llama_model, 2000)
+    policy = make_policy("semanticache", llama_model, len(toks) + 4, config=SekvConfig(kv_budget=512, chunk=128))
+    generate(policy, toks, 4, stop_at_eos=False)
+    hook = policy.session.hook
+    resident = np.flatnonzero(hook.cells_pos() >= 0)
+    assert resident.size <= 512 and policy.cores > 0 and policy.merged_tokens > 5 * policy.cores
+    for ikv in range(policy.n_layer):
+        b = hook.get_bias(ikv)[resident]
+        counts = np.exp(b[np.isfinite(b) & (b > 0)])
+        assert counts.size and np.allclose(counts, np.round(counts), atol=1e-3)  # bias = log(member count)
+    # every layer's cores account for every merged token exactly once (bias 0: a 1-member core or an unmerged token)
+    for ikv in range(policy.n_layer):
+        b = hook.get_bias(ikv)[resident]
+        assert int(np.round(np.exp(b[b > 0])).sum()) + int((b == 0).sum()) == policy.merged_tokens + (
+            resident.size - policy.cores)
+    policy.close()
+
+
 def test_bad_policy_inputs():
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
         make_policy("nope", None, 100)

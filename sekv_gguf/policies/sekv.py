@@ -28,7 +28,7 @@ from .. import native
 from ..config import ContextConfig, SekvConfig
 from ..errors import BudgetError
 from ..router import ROUTERS, Router
-from ..segment import Segmenter
+from ..segment import SentenceSegmenter, Segmenter
 from ..session import Session
 from ..spans import Span, factorize, weighted_mean
 from .base import Policy, pad_cells
@@ -79,7 +79,9 @@ class SekvPolicy(Policy):
         if not self.fits:
             hook.enable_bias()
 
-        self.segmenter = Segmenter(config, self.anchor_cap)
+        self.segmenter = (SentenceSegmenter(config) if config.segmentation == "sentences"
+                          else Segmenter(config, self.anchor_cap))
+        self._ends: dict[int, bool] = {}  # token id -> ends a sentence (sentence segmentation)
         self.sinks: list[tuple[int, int]] = []       # (pos, cell)
         self.anchors: list[tuple[int, int]] = []     # (pos, cell)
         self.win_pos: list[int] = []                 # window: positions, cells, surprisal (oldest first)
@@ -129,8 +131,20 @@ class SekvPolicy(Policy):
             if self.prev_logits is not None:
                 surp[0] = native.surprisal(self.prev_logits[None, :], tokens[:1])[0]
         self.prev_logits = last
+        if self.config.segmentation == "sentences":
+            surp = self._sentence_ends(tokens)  # the segmentation signal
         self._admit(p0, surp)
         return last
+
+    def _sentence_ends(self, tokens: list[int]) -> np.ndarray:
+        """float32 [n]: 1 where the token ends a sentence (its text ends in . ! ? or holds a line break)."""
+        out = np.zeros(len(tokens), dtype=np.float32)
+        for i, t in enumerate(tokens):
+            if t not in self._ends:
+                piece = self.session.piece(t)
+                self._ends[t] = b"\n" in piece or piece.rstrip().endswith((b".", b"!", b"?"))
+            out[i] = self._ends[t]
+        return out
 
     def _cells_from(self, p0: int) -> np.ndarray:
         """Cells of positions p0, p0+1, ... (the newest tokens), in position order, read from the hook."""
@@ -153,7 +167,7 @@ class SekvPolicy(Policy):
         if not tokens:
             raise ValueError("empty prompt")
         mode = self.config.prefill
-        if mode == "exact" and not self.fits:
+        if mode == "exact" and not self.fits and self.config.segmentation == "surprisal":
             return self._prefill_exact(tokens)
         logits = None
         for c0 in range(0, len(tokens), self.chunk):
@@ -293,8 +307,10 @@ class SekvPolicy(Policy):
             for span, kf, vf in zip(new, factorize(k_parts, self.config), factorize(v_parts, self.config)):
                 span.k.append(kf)
                 span.v.append(vf)
-            km = [weighted_mean(kp, surp[g]) for kp, g in zip(k_parts, groups)]
-            vm = [weighted_mean(vp, surp[g]) for vp, g in zip(v_parts, groups)]
+            # summary weights: the tokens' surprisal (uniform when the signal is not surprisal)
+            weights = [surp[g] if self.config.segmentation == "surprisal" else np.ones(g.size) for g in groups]
+            km = [weighted_mean(kp, w) for kp, w in zip(k_parts, weights)]
+            vm = [weighted_mean(vp, w) for vp, w in zip(v_parts, weights)]
             for span, m, kp in zip(new, km, k_parts):
                 span.k_mean.append(m)
                 span.k_min.append(kp.min(axis=0))

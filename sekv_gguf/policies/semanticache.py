@@ -1,0 +1,160 @@
+"""SemantiCache-like (2025, "SemantiCache: Efficient KV Cache Compression via Semantic Chunking and Clustered
+Merging"): tokens leaving the recent window are grouped into delimiter-bounded chunks (sentences, joined until a
+chunk is long enough to merge); within each chunk the keys are clustered into semantic cores and each core becomes
+one merged cell (mean K and mean V of its members) whose attention score gets ``+log(count)`` (proportional
+attention). Clustering is per hooked layer (k-means, scipy) with the same number of cores per chunk in every layer,
+so one set of cells serves all layers and the per-layer bias carries each layer's counts. The merge is final: the
+members' rows are gone (the semantic-grouping weak point SeKV addresses).
+
+Parameters: ``SekvConfig.kv_budget``, ``n_sink``, ``window``/``window_max``, ``chunk``, ``span_max`` (longest
+chunk); the merge ratio (cores per token) follows from the budget: everything merged must fit beside the sinks,
+the window and a prompt chunk."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+from scipy.cluster.vq import kmeans2
+
+from ..config import ContextConfig, SekvConfig
+from ..errors import BudgetError
+from ..segment import SentenceSegmenter
+from ..session import Session
+from .base import Policy
+
+NEG_INF = float("-inf")
+
+
+class SemantiCachePolicy(Policy):
+    name = "semanticache"
+
+    def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, config: SekvConfig | None = None,
+                 observer: Callable[[Policy], None] | None = None, **_: Any):
+        self.config = config = config or SekvConfig()
+        self.n_context = n_context
+        self.budget = config.budget_cells(n_context)
+        self.fits = n_context <= self.budget
+        self.chunk = min(config.chunk, max(self.budget // 8, 1))
+        self.window = n_context if self.fits else (config.window or min(config.window_max, self.budget // 8))
+        room = self.budget - config.n_sink - self.window - self.chunk - config.span_max
+        compressed = max(n_context - config.n_sink - self.window, 1)
+        self.ratio = room / compressed  # merged cells per compressed token
+        self.min_chunk = math.ceil(1 / self.ratio) if self.ratio > 0 else 0
+        if not self.fits and (room < 1 or self.min_chunk > config.span_max * 4):
+            raise BudgetError(f"kv_budget of {self.budget} cells leaves {room} cells for merged cores of "
+                              f"{compressed} tokens; use a larger budget")
+        super().__init__(Session(model, self.context_config(ctx_config, self.budget, self.chunk)), observer)
+        self.hook = self.session.hook
+        self.n_layer = self.hook.info.n_layer_kv
+        if not self.fits:
+            self.hook.enable_bias()
+        self.segmenter = SentenceSegmenter(config)
+        self.n_sinks = 0
+        self.win_pos: list[int] = []
+        self.win_cell: list[int] = []
+        self.win_end: list[float] = []  # 1 where the token ends a sentence
+        self.cores = 0
+        self.merged_tokens = 0
+        self._ends: dict[int, bool] = {}
+
+    def _decode(self, tokens: list[int]) -> np.ndarray:
+        p0 = self.session.pos_max() + 1
+        logits = self.session.decode(tokens)
+        pos = self.hook.cells_pos()
+        cells = np.flatnonzero(pos >= p0)
+        cells = cells[np.argsort(pos[cells])]
+        n_sink = min(self.config.n_sink - self.n_sinks, len(tokens)) if not self.win_pos else 0
+        self.n_sinks += n_sink
+        for i, t in enumerate(tokens[n_sink:], start=n_sink):
+            if t not in self._ends:
+                piece = self.session.piece(t)
+                self._ends[t] = b"\n" in piece or piece.rstrip().endswith((b".", b"!", b"?", b";", b":"))
+            self.win_pos.append(p0 + i)
+            self.win_cell.append(int(cells[i]))
+            self.win_end.append(float(self._ends[t]))
+        self._maintain()
+        return logits
+
+    def _maintain(self) -> None:
+        over = len(self.win_pos) - self.window
+        if self.fits or over <= 0:
+            return
+        seg = self.segmenter.cut(np.asarray(self.win_end[:over]))
+        groups: list[np.ndarray] = []
+        pending: list[np.ndarray] = []
+        for span in seg.spans:  # join sentences until a chunk holds at least min_chunk tokens
+            pending.append(span)
+            if sum(p.size for p in pending) >= self.min_chunk:
+                groups.append(np.concatenate(pending))
+                pending = []
+        if not groups:
+            return
+        done = int(groups[-1][-1]) + 1  # window indices [0, done) are merged
+        self._merge(groups)
+        del self.win_pos[:done], self.win_cell[:done], self.win_end[:done]
+
+    def _merge(self, groups: list[np.ndarray]) -> None:
+        cells = np.asarray(self.win_cell, dtype=np.int32)
+        all_cells = np.concatenate([cells[g] for g in groups])
+        n_cores = [max(1, int(self.ratio * g.size)) for g in groups]
+        rows_k, rows_v, bias = [], [], []  # per layer: f16 [sum cores, Hkv*d] and f32 [sum cores]
+        for ikv in range(self.n_layer):
+            k, v = self.hook.get_rows(ikv, all_cells)  # f16 [n, Hkv, d]
+            kf = k.reshape(k.shape[0], -1).astype(np.float32)  # [n, Hkv*d]
+            vf = v.reshape(v.shape[0], -1).astype(np.float32)
+            ks, vs, bs = [], [], []
+            o = 0
+            for g, kk in zip(groups, n_cores):
+                gk, gv = kf[o:o + g.size], vf[o:o + g.size]
+                o += g.size
+                if kk == 1:
+                    labels = np.zeros(g.size, dtype=np.int64)
+                else:
+                    _, labels = kmeans2(gk, kk, minit="++", seed=0)
+                for c in range(kk):
+                    m = labels == c
+                    cnt = int(m.sum())
+                    ks.append(gk[m].mean(axis=0) if cnt else np.zeros(gk.shape[1], np.float32))
+                    vs.append(gv[m].mean(axis=0) if cnt else np.zeros(gv.shape[1], np.float32))
+                    bs.append(math.log(cnt) if cnt else NEG_INF)
+            rows_k.append(np.stack(ks).astype(np.float16))
+            rows_v.append(np.stack(vs).astype(np.float16))
+            bias.append(np.asarray(bs, dtype=np.float32))
+        self.hook.release(all_cells)
+        free = np.flatnonzero(self.hook.cells_pos()[: self.budget] == -1).astype(np.int32)
+        total = sum(n_cores)
+        if free.size < total:
+            raise BudgetError(f"no room for {total} merged cells within the budget of {self.budget}")
+        free = free[:total]
+        positions = np.repeat([int(self.win_pos[int(g[-1])]) for g in groups], n_cores)
+        self.hook.claim(free, positions)
+        for ikv in range(self.n_layer):
+            self.hook.set_rows(ikv, free, rows_k[ikv], rows_v[ikv])
+            self.hook.set_bias_cells(ikv, free, bias[ikv])
+        self.cores += total
+        self.merged_tokens += int(all_cells.size)
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        if not tokens:
+            raise ValueError("empty prompt")
+        logits = None
+        for c0 in range(0, len(tokens), self.chunk):
+            logits = self._decode(tokens[c0:c0 + self.chunk])
+            self.n_prefilled = min(c0 + self.chunk, len(tokens))
+            self.notify()
+        self.phase = "decode"
+        return logits
+
+    def step(self, token: int) -> np.ndarray:
+        logits = self._decode([token])
+        self.notify()
+        return logits
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out.update({"host_kv_bytes": 0, "baseline": {"budget_cells": self.budget, "cores": self.cores,
+                                                     "merged_tokens": self.merged_tokens,
+                                                     "merge_ratio": self.ratio}})
+        return out
