@@ -221,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--threads", type=int, default=0, help="llama.cpp threads per context (0: all cores)")
     ev.add_argument("--name", default="run", help="results go to OUT/eval-NAME.json and .png (default run)")
     ev.add_argument("--out", default="bench", help="output directory (default bench)")
+    ev.add_argument("--merge", action="store_true",
+                    help="add these runs to OUT/eval-NAME.json (same tasks, lengths and budgets; other policies)")
     ev.add_argument("-q", "--quiet", action="store_true", help="no progress bars or per-case lines")
     ev.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
     ev.set_defaults(func=cmd_eval)
@@ -248,8 +250,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     log = None if args.quiet else (lambda line: tqdm.write(line, file=sys.stderr))
     result = run_suite(model, cfg, ctx_config, progress=not args.quiet, log=log)
     result["params"]["threads"] = ctx_config.threads
-    out = write(result, Path(args.out), args.name, Path(path).name)
-    print(table({"params": result["params"], "summary": result["summary"]}))
+    out = write(result, Path(args.out), args.name, Path(path).name, merge_into=args.merge)
+    print(table(json.loads(out.read_text())))
     print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)
     return 0
 

@@ -60,6 +60,13 @@ def test_suite_runs_every_policy_and_writes_json_and_plot(llama_model, tmp_path)
     assert doc["params"]["tasks"] == ["niah_number", "arithmetic"] and doc["commit"] and doc["machine"]["cpus"]
     assert path.with_suffix(".png").stat().st_size > 1000
     assert "| sekv@0.5 |" in table(doc)
+    # more policies added to the same file: the old runs stay, the summary covers both
+    more = run_suite(llama_model, EvalConfig(policies=("chunkkv",), budgets=(0.5,), tasks=("niah_number", "arithmetic"),
+                                             lengths=(1024,), haystacks=("prose",), n_predict=4, fidelity_docs=0),
+                     progress=False)
+    doc2 = json.loads(write(more, tmp_path, "t", "tiny", merge_into=True).read_text())
+    assert len(doc2["cases"]) == 2 * 7 and "chunkkv@0.5" in doc2["summary"]["accuracy"]
+    assert doc2["params"]["policies"][-1] == "chunkkv" and len(doc2["fidelity"]) == 5
 
 
 def test_bad_eval_input_is_refused(llama_model, capsys):

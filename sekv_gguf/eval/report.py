@@ -26,9 +26,30 @@ def commit() -> str:
         return "unknown"
 
 
-def write(result: dict[str, Any], out_dir: Path, name: str, model: str) -> Path:
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` runs added to an earlier result of the same tasks, lengths and budgets (other policies, say)."""
+    from .suite import summarize
+
+    for key in ("tasks", "lengths", "budgets", "haystacks", "samples", "seed"):
+        if json.loads(json.dumps(old["params"][key])) != json.loads(json.dumps(new["params"][key])):
+            raise ValueError(f"cannot merge: {key} differ ({old['params'][key]} vs {new['params'][key]})")
+    ran = {(c["policy"], c["budget"]) for c in new["cases"]}
+    cases = [c for c in old["cases"] if (c["policy"], c["budget"]) not in ran] + new["cases"]
+    fidelity = [f for f in old["fidelity"] if (f["policy"], f["budget"]) not in ran] + new["fidelity"]
+    params = dict(old["params"])
+    params["policies"] = list(dict.fromkeys(list(old["params"]["policies"]) + list(new["params"]["policies"])))
+    commits = old.get("commits", [old.get("commit")])
+    return {"params": params, "cases": cases, "fidelity": fidelity, "summary": summarize(cases, fidelity),
+            "commits": commits}
+
+
+def write(result: dict[str, Any], out_dir: Path, name: str, model: str, merge_into: bool = False) -> Path:
+    """Save ``result`` (with ``merge_into``: added to the runs already saved under this name)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"eval-{name}.json"
+    if merge_into and path.exists():
+        result = merge(json.loads(path.read_text()), result)
+        result["commits"] = result["commits"] + [commit()]
     doc = {"name": name, "model": model, "machine": machine(), "commit": commit(), **result}
     path.write_text(json.dumps(doc, indent=1))
     plot(doc, out_dir / f"eval-{name}.png")

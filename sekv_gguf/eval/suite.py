@@ -17,7 +17,7 @@ from ..policies import POLICIES
 from .fidelity import forced_logits, teacher_forced
 from .tasks import TASKS, make_case, score
 
-DEFAULT_POLICIES = ("full", "streaming", "h2o", "snapkv", "quest", "sekv")
+DEFAULT_POLICIES = tuple(POLICIES)  # all of them: full, the baselines, sekv
 
 
 @dataclass
