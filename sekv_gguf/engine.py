@@ -58,7 +58,7 @@ def full_kv_bytes(session: Session, n_tokens: int, n_ubatch: int) -> int:
     cells = pad_cells(n_tokens)
     total = info.bytes_per_cell * cells
     if info.is_iswa and info.swa_kv_size:
-        swa_cells = pad_cells(min(cells, info.n_swa + n_ubatch))
+        swa_cells = pad_cells(info.n_swa + n_ubatch)  # sized by its window (patches/0003), not capped by the base
         total += info.swa_kv_bytes // info.swa_kv_size * swa_cells
     return int(total)
 
