@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--name", default="run", help="results go to OUT/eval-NAME.json and .png (default run)")
     ev.add_argument("--out", default="bench", help="output directory (default bench)")
     ev.add_argument("--merge", action="store_true",
-                    help="add these runs to OUT/eval-NAME.json (same tasks, lengths and budgets; other policies)")
+                    help="add these runs to OUT/eval-NAME.json (same tasks and lengths; other policies or budgets)")
     ev.add_argument("-q", "--quiet", action="store_true", help="no progress bars or per-case lines")
     ev.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
     ev.set_defaults(func=cmd_eval)

@@ -43,3 +43,7 @@ class ModelError(SekvError):
 
 class BudgetError(SekvError, ValueError):
     """The device budget cannot hold what must stay resident; the message says what would fit."""
+
+
+class AdapterError(SekvError, ValueError):
+    """A router adapter file is corrupt, truncated, not a SeKV router adapter, or made for another model."""

@@ -27,10 +27,11 @@ def commit() -> str:
 
 
 def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """``new`` runs added to an earlier result of the same tasks, lengths and budgets (other policies, say)."""
+    """``new`` runs added to an earlier result of the same tasks and lengths (other policies or budgets); a
+    (policy, budget) pair run again replaces the earlier runs of that pair."""
     from .suite import summarize
 
-    for key in ("tasks", "lengths", "budgets", "haystacks", "samples", "seed"):
+    for key in ("tasks", "lengths", "haystacks", "samples", "seed"):
         if json.loads(json.dumps(old["params"][key])) != json.loads(json.dumps(new["params"][key])):
             raise ValueError(f"cannot merge: {key} differ ({old['params'][key]} vs {new['params'][key]})")
     ran = {(c["policy"], c["budget"]) for c in new["cases"]}
@@ -38,6 +39,7 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     fidelity = [f for f in old["fidelity"] if (f["policy"], f["budget"]) not in ran] + new["fidelity"]
     params = dict(old["params"])
     params["policies"] = list(dict.fromkeys(list(old["params"]["policies"]) + list(new["params"]["policies"])))
+    params["budgets"] = sorted(set(old["params"]["budgets"]) | set(new["params"]["budgets"]))
     commits = old.get("commits", [old.get("commit")])
     return {"params": params, "cases": cases, "fidelity": fidelity, "summary": summarize(cases, fidelity),
             "commits": commits}

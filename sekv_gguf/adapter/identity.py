@@ -1,0 +1,54 @@
+"""The identity of a base model, read from its GGUF metadata with gguf-py's mmap reader: what an adapter records so
+that loading it on another model fails with a message naming both."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf import GGUFReader
+
+from ..errors import ModelError
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    name: str
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_vocab: int
+    tensor_hash: str  # sha256 over every tensor's name, shape and type
+    n_params: int = 0  # elements of all tensors
+
+    def describe(self) -> str:
+        return (f"{self.name or '?'} ({self.architecture}, {self.n_layer} layers, n_embd {self.n_embd}, "
+                f"tensors {self.tensor_hash[:12]})")
+
+
+def _field(reader: GGUFReader, key: str) -> object:
+    f = reader.get_field(key)
+    if f is None:
+        return None
+    return f.contents()
+
+
+def model_identity(path: str | Path) -> ModelIdentity:
+    try:
+        reader = GGUFReader(str(path), "r")
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read GGUF metadata of {path}: {e}") from e
+    arch = str(_field(reader, "general.architecture") or "")
+    h = hashlib.sha256()
+    n_params = 0
+    for t in reader.tensors:
+        n_params += int(t.n_elements)
+        h.update(f"{t.name}:{list(map(int, t.shape))}:{int(t.tensor_type)};".encode())
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    return ModelIdentity(
+        name=str(_field(reader, "general.name") or ""), architecture=arch,
+        n_layer=int(_field(reader, f"{arch}.block_count") or 0),
+        n_embd=int(_field(reader, f"{arch}.embedding_length") or 0),
+        n_vocab=int(len(tokens.data)) if tokens is not None else 0, tensor_hash=h.hexdigest(),
+        n_params=n_params)

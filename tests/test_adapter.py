@@ -1,0 +1,69 @@
+"""The router adapter: GGUF round trip (bit-identical, readable by gguf-py), wrong-model and corrupt-file refusals,
+parameter share."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+from sekv_gguf.adapter import RouterAdapter, model_identity, read_adapter, write_adapter
+from sekv_gguf.errors import AdapterError
+
+
+def _adapter(identity, rng, layers=(1,), n_head=4, n_head_kv=2, head_dim=16, proj=8) -> RouterAdapter:
+    return RouterAdapter(base=identity, layers=list(layers), n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+                         proj_dim=proj, w=[rng.standard_normal((n_head, proj, head_dim)).astype(np.float32)
+                                           for _ in layers],
+                         b=[rng.standard_normal(n_head).astype(np.float32) for _ in layers],
+                         tau=[rng.random(n_head).astype(np.float32) for _ in layers], anchor_alpha=1.25, energy=0.995,
+                         train={"docs": 12, "seed": 0, "loss": 0.125, "commit": "abc"})
+
+
+def test_round_trip_is_bit_identical_and_gguf_readable(tiny_llama, tmp_path):
+    ident = model_identity(tiny_llama)
+    assert ident.architecture == "llama" and ident.n_layer == 2 and len(ident.tensor_hash) == 64
+    a = _adapter(ident, np.random.default_rng(0), layers=(0, 1))
+    path = write_adapter(tmp_path / "r.gguf", a)
+    b = read_adapter(path)
+    assert b.base == ident and b.layers == [0, 1] and (b.n_head, b.n_head_kv, b.head_dim, b.proj_dim) == (4, 2, 16, 8)
+    for x, y in zip(a.w + a.b + a.tau, b.w + b.b + b.tau):
+        assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+    assert b.anchor_alpha == pytest.approx(1.25) and b.energy == pytest.approx(0.995)
+    assert b.train == {"docs": 12, "seed": 0, "loss": 0.125, "commit": "abc"}
+    r = GGUFReader(str(path))  # plain gguf-py reads it
+    assert r.get_field("general.type").contents() == "adapter"
+    assert r.get_field("adapter.type").contents() == "sekv_router"
+    assert r.get_field("general.architecture").contents() == "llama"
+    assert all(len(t.name.encode()) <= 64 for t in r.tensors)
+    b.check_model(ident)
+
+
+def test_wrong_model_is_refused_naming_both(tiny_llama, tiny_gemma, tmp_path):
+    a = read_adapter(write_adapter(tmp_path / "r.gguf", _adapter(model_identity(tiny_llama), np.random.default_rng(1))))
+    with pytest.raises(AdapterError, match=r"trained for tiny-llama \(llama.*not for tiny-gemma3 \(gemma3"):
+        a.check_model(model_identity(tiny_gemma))
+
+
+def test_corrupt_truncated_and_foreign_files_are_refused(tiny_llama, tmp_path):
+    path = write_adapter(tmp_path / "r.gguf", _adapter(model_identity(tiny_llama), np.random.default_rng(2)))
+    data = path.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 2])
+    with pytest.raises(AdapterError, match="corrupt or truncated|missing"):
+        read_adapter(tmp_path / "cut.gguf")
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(AdapterError, match="not a readable GGUF"):
+        read_adapter(tmp_path / "junk.gguf")
+    with pytest.raises(AdapterError, match="is not a SeKV router adapter"):
+        read_adapter(tiny_llama)  # a model, not an adapter
+    with pytest.raises(AdapterError, match="not found"):
+        read_adapter(tmp_path / "missing.gguf")
+
+
+@pytest.mark.gemma
+def test_parameter_share_of_the_default_model_is_under_0_05_percent(gemma_path):
+    """Gemma 3 270M: one (32 x head_dim) projection, bias and threshold per query head of each global layer."""
+    ident = model_identity(gemma_path)
+    assert ident.architecture == "gemma3" and ident.n_params > 200_000_000
+    a = _adapter(ident, np.random.default_rng(3), layers=(5, 11, 17), n_head=4, n_head_kv=1, head_dim=256, proj=32)
+    assert a.param_share < 0.0005, a.param_share
