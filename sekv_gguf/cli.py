@@ -118,6 +118,29 @@ def _prompt(args: argparse.Namespace, session_model: Any) -> str:
     return text
 
 
+def _trained_router(adapter: str | None, model_path: str) -> Any:
+    """The trained router of ``adapter`` (checked against the model), or None for the training-free one."""
+    if not adapter:
+        return None
+    from .adapter import model_identity, read_adapter
+    from .router import TrainedRouter
+
+    a = read_adapter(adapter)
+    a.check_model(model_identity(model_path), adapter)
+    return TrainedRouter(a, Path(adapter).name)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train.pipeline import TrainRun, train
+
+    path = _model_path(args.model)
+    run = TrainRun(out=args.out, docs=args.docs, tokens=args.tokens, budget=args.budget, epochs=args.epochs,
+                   proj_dim=args.proj_dim, seed=args.seed, captures=args.captures, threads=args.threads)
+    summary = train(path, run, progress=not args.quiet)
+    print(json.dumps(summary))
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     path = _model_path(args.model)
     ctx_config = ContextConfig(verbose=args.verbose)
@@ -142,7 +165,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             bar.update(policy.n_prefilled - state["done"])
             state["done"] = policy.n_prefilled
 
-    policy = make_policy(args.policy, model, n_context, ctx_config, config, observer=observe)
+    router = _trained_router(args.adapter, path)
+    policy = make_policy(args.policy, model, n_context, ctx_config, config, observer=observe,
+                         **({"router": router} if router is not None else {}))
     bar = state["bar"] = tqdm(total=len(tokens), desc=f"prefill ({args.policy})", unit="tok", file=sys.stderr,
                               disable=args.quiet, leave=False)
     try:
@@ -196,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prefill", default="auto", choices=["auto", "streaming", "exact"],
                      help="prefill mode of sekv (default auto: streaming when the prompt exceeds the budget)")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    run.add_argument("--adapter", help="trained router adapter (GGUF, from `train`) for the sekv policy")
     run.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     run.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
@@ -225,7 +251,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="add these runs to OUT/eval-NAME.json (same tasks and lengths; other policies or budgets)")
     ev.add_argument("-q", "--quiet", action="store_true", help="no progress bars or per-case lines")
     ev.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
+    ev.add_argument("--adapter", help="trained router adapter for sekv (its runs are reported as sekv-trained)")
     ev.set_defaults(func=cmd_eval)
+
+    tr = sub.add_parser("train", help="distil the zoom-in router from full attention into a GGUF adapter")
+    tr.add_argument("model", nargs="?", help="GGUF model (default: Gemma 3 270M from its PyPI package)")
+    tr.add_argument("--out", default="sekv-router.gguf", help="adapter file to write (default sekv-router.gguf)")
+    tr.add_argument("--docs", type=int, default=12, help="training documents (default 12)")
+    tr.add_argument("--tokens", type=int, default=4096, help="tokens per document (default 4096)")
+    tr.add_argument("--budget", type=float, default=0.05,
+                    help="weight of the loss's budget term (share of span tokens zoomed; default 0.05)")
+    tr.add_argument("--epochs", type=int, default=60, help="passes over the documents per head (default 60)")
+    tr.add_argument("--proj-dim", type=int, default=32, help="router projection size P (default 32)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--captures", help="directory for the captured teacher data (default: under ~/.cache)")
+    tr.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all cores)")
+    tr.add_argument("-q", "--quiet", action="store_true")
+    tr.set_defaults(func=cmd_train)
 
     info = sub.add_parser("info", help="print the KV hook's view of a model's context")
     info.add_argument("model", nargs="?", help="GGUF model (default: Gemma 3 270M from its PyPI package)")
@@ -243,12 +285,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = EvalConfig(policies=tuple(args.policies), budgets=tuple(args.budgets), tasks=tuple(args.tasks),
                      lengths=tuple(args.lengths), samples=args.samples, haystacks=tuple(args.haystacks),
                      n_predict=args.n_predict, fidelity_docs=args.fidelity_docs, fidelity_steps=args.fidelity_steps,
-                     seed=args.seed)
+                     seed=args.seed, adapter=args.adapter)
     path = _model_path(args.model)
     ctx_config = ContextConfig(verbose=args.verbose, n_threads=args.threads)
     model = load_model(path, ctx_config)
     log = None if args.quiet else (lambda line: tqdm.write(line, file=sys.stderr))
-    result = run_suite(model, cfg, ctx_config, progress=not args.quiet, log=log)
+    router = _trained_router(args.adapter, path)
+    result = run_suite(model, cfg, ctx_config, progress=not args.quiet, log=log, router=router)
     result["params"]["threads"] = ctx_config.threads
     out = write(result, Path(args.out), args.name, Path(path).name, merge_into=args.merge)
     print(table(json.loads(out.read_text())))

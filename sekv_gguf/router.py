@@ -8,12 +8,15 @@ interface. ``ROUTERS`` maps names to classes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from . import native
 from .spans import Span
+
+if TYPE_CHECKING:
+    from .adapter import RouterAdapter
 
 
 class Router(ABC):
@@ -105,3 +108,41 @@ class BoundRouter(Router):
 
 ROUTERS: dict[str, type[Router]] = {
     cls.score_kind: cls for cls in (SummaryRouter, CentroidRouter, LowRankMassRouter, BoundRouter)}
+
+
+class TrainedRouter(Router):
+    """The distilled router of a GGUF adapter (``sekv_gguf.adapter``): per query head
+    ``alpha = sigmoid(<W q, normalize(W k̄)>/sqrt(P) + log|S| + b)``; a span's score is the best margin
+    ``alpha - tau`` over the query heads (a KV group is rebuilt if any of its heads zooms)."""
+
+    score_kind = "trained"
+
+    def __init__(self, adapter: "RouterAdapter", path: str = ""):
+        self.adapter = adapter
+        self.name = f"trained:{path}" if path else "trained"
+
+    def check(self, model_layers: list[int], n_head: int, n_head_kv: int, head_dim: int) -> None:
+        a = self.adapter
+        if (list(a.layers), a.n_head, a.n_head_kv, a.head_dim) != (list(model_layers), n_head, n_head_kv, head_dim):
+            from .errors import AdapterError
+
+            raise AdapterError(f"router adapter is for layers {a.layers} x {a.n_head} heads ({a.n_head_kv} KV) of "
+                               f"dim {a.head_dim}; the model's hooked cache has layers {model_layers} x {n_head} heads "
+                               f"({n_head_kv} KV) of dim {head_dim}")
+
+    def alphas(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """alpha [n_spans, n_head] for query [n_head, d] and summary keys [n_spans, n_head_kv, d]."""
+        a = self.adapter
+        w, b = a.w[ikv].astype(np.float64), a.b[ikv].astype(np.float64)  # [H, P, d], [H]
+        group = a.n_head // a.n_head_kv
+        proj_q = np.einsum("hpd,hd->hp", w, query.astype(np.float64))  # [H, P]
+        k = keys.astype(np.float64)[:, np.arange(a.n_head) // group, :]  # [S, H, d] each head's KV head
+        proj_k = np.einsum("hpd,shd->shp", w, k)  # [S, H, P]
+        proj_k /= np.maximum(np.linalg.norm(proj_k, axis=2, keepdims=True), 1e-12)
+        z = np.einsum("hp,shp->sh", proj_q, proj_k) / np.sqrt(a.proj_dim) + np.log(lengths)[:, None] + b[None, :]
+        return 1.0 / (1.0 + np.exp(-z))
+
+    def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
+              spans: Sequence[Span], bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        tau = self.adapter.tau[ikv].astype(np.float64)  # [H]
+        return (self.alphas(ikv, query, keys, lengths) - tau[None, :]).max(axis=1)  # [n_spans]

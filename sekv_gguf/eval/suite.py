@@ -42,6 +42,7 @@ class EvalConfig:
     fidelity_steps: int = 64
     seed: int = 0
     sekv: dict[str, Any] = field(default_factory=dict)  # SekvConfig overrides (besides kv_budget)
+    adapter: str | None = None  # trained router adapter for sekv (its runs are named "sekv-trained")
 
     def __post_init__(self) -> None:
         for kind, names, known in (("policy", self.policies, POLICIES), ("task", self.tasks, TASKS)):
@@ -76,7 +77,7 @@ def check_lengths(model: Any, cfg: EvalConfig) -> None:
 
 
 def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = None, progress: bool = True,
-              log: Callable[[str], None] | None = None) -> dict[str, Any]:
+              log: Callable[[str], None] | None = None, router: Any = None) -> dict[str, Any]:
     """Run every (task case, policy, budget) and the fidelity documents; returns cases, fidelity and a summary."""
     check_lengths(model, cfg)
     ctx_config = ctx_config or ContextConfig()
@@ -91,7 +92,11 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
 
     def make(name: str, budget: float | None, n_context: int):
         config = SekvConfig(**{**cfg.sekv, "kv_budget": budget if budget is not None else 1.0})
-        return make_policy(name, model, n_context, ctx_config, config)
+        extra = {"router": router} if router is not None and name == "sekv" else {}
+        return make_policy(name, model, n_context, ctx_config, config, **extra)
+
+    def label(name: str) -> str:
+        return "sekv-trained" if router is not None and name == "sekv" else name
 
     for length in cfg.lengths:
         for task in cfg.tasks:
@@ -104,7 +109,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                     for name, budget in runs:
                         row = {"task": task, "haystack": hay, "length": length, "seed": case.seed,
                                "prompt_tokens": len(tokens), "depth": None if np.isnan(case.depth) else case.depth, "answers": list(case.answers),
-                               "metric": case.metric, "policy": name, "budget": budget}
+                               "metric": case.metric, "policy": label(name), "budget": budget}
                         try:
                             policy = make(name, budget, len(tokens) + n_predict)
                             try:
@@ -137,7 +142,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
             for name, budget in runs:
                 if name == "full":
                     continue
-                row = {"length": length, "doc": doc, "policy": name, "budget": budget}
+                row = {"length": length, "doc": doc, "policy": label(name), "budget": budget}
                 try:
                     policy = make(name, budget, length)
                     try:
@@ -150,7 +155,9 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                 fidelity.append(row)
                 bar.update(1)
     bar.close()
-    return {"params": asdict(cfg), "cases": cases, "fidelity": fidelity, "summary": summarize(cases, fidelity)}
+    params = asdict(cfg)
+    params["policies"] = [label(p) for p in cfg.policies]
+    return {"params": params, "cases": cases, "fidelity": fidelity, "summary": summarize(cases, fidelity)}
 
 
 def summarize(cases: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> dict[str, Any]:

@@ -75,6 +75,9 @@ class SekvPolicy(Policy):
         if hook.info.kv_size != self.budget:
             raise BudgetError(f"llama.cpp allocated {hook.info.kv_size} cells for a budget of {self.budget}")
         self.n_layer = hook.info.n_layer_kv
+        if hasattr(self.router, "check"):  # a trained router must fit this cache's layers and heads
+            layer = hook.layers[0]
+            self.router.check(list(hook.model_layers), layer.n_head, layer.n_head_kv, layer.head_dim_k)
         hook.enable_query_capture()
         if not self.fits:
             hook.enable_bias()

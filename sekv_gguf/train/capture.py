@@ -1,0 +1,120 @@
+"""Teacher capture: run full KV on a training document and record, at query positions with long-range dependence,
+what the router student trains on (``student.Batch`` per hooked layer and query head), saved with numpy.
+
+The document's first part is prefilled (surprisal from the chunk logits); it is segmented like SeKV does (sinks,
+capped anchors, surprisal spans, a recent window). The last ``n_queries`` tokens are then decoded one by one; after
+each, the hook gives every hooked layer's query, and the full attention logits over all earlier tokens are computed
+from it and the cache rows: per span the logsumexp of its tokens' logits (``l_true``), the summary row's logit
+``q·k̄ + log|S|`` (``l_sum``), and the logsumexp of everything else (``l_rest``). Queries whose spans hold less than
+``min_span_mass`` of the attention are dropped (no long-range dependence); labels are the spans covering 90% of the
+span mass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..config import ContextConfig, SekvConfig
+from ..policies.base import Policy, pad_cells
+from ..policies.transfer import cell_of_position
+from ..segment import Segmenter
+from ..session import Session
+from ..spans import weighted_mean
+
+
+@dataclass
+class CaptureConfig:
+    """n_queries: decoded positions per document; window: recent tokens kept exact (not in spans);
+    min_span_mass: smallest share of a query's attention on spans to keep it; label_mass: share of the span mass
+    the labelled spans cover."""
+
+    n_queries: int = 48
+    window: int = 256
+    min_span_mass: float = 0.2
+    label_mass: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.n_queries < 1 or self.window < 1 or not 0 <= self.min_span_mass < 1 or not 0 < self.label_mass <= 1:
+            raise ValueError(f"bad capture config {self}")
+
+
+def _lse(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = x.max(axis=axis, keepdims=True)
+    return (m + np.log(np.exp(x - m).sum(axis=axis, keepdims=True))).squeeze(axis)
+
+
+def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConfig,
+            ctx_config: ContextConfig | None = None) -> dict[str, np.ndarray]:
+    """Arrays per hooked layer ``ikv``: q{ikv} [N, H, d], keys{ikv} [S, Hkv, d], l_true{ikv} [N, H, S],
+    l_sum{ikv} [N, H, S], l_rest{ikv} [N, H], y{ikv} [N, H, S]; and lengths [S]."""
+    ctx_config = ctx_config or ContextConfig()
+    n = len(tokens)
+    n_pre = n - cap.n_queries
+    if n_pre < sekv.n_sink + cap.window + 4 * sekv.span_max:
+        raise ValueError(f"a document of {n} tokens is too short to capture from")
+    s = Session(model, Policy.context_config(ctx_config, pad_cells(n), sekv.chunk))
+    try:
+        s.hook.enable_query_capture()
+        surp, _ = s.decode_scored(tokens[:n_pre], None)
+        n_sink = sekv.n_sink
+        seg = Segmenter(sekv, int(sekv.anchor_share * n)).cut(surp[n_sink:n_pre - cap.window], final=True)
+        spans = [n_sink + g for g in seg.spans]
+        lengths = np.array([g.size for g in spans], dtype=np.float64)
+        in_span = np.full(n, -1, dtype=np.int64)
+        for i, g in enumerate(spans):
+            in_span[g] = i
+        n_layer = s.hook.info.n_layer_kv
+        layer = s.hook.layers[0]
+        n_head, n_head_kv, group = layer.n_head, layer.n_head_kv, layer.n_head // layer.n_head_kv
+        keys_all = [s.hook.get_rows(ikv, cell_of_position(s, n_pre))[0].astype(np.float64)
+                    for ikv in range(n_layer)]  # [n_pre, Hkv, d] per layer
+        summaries = [np.stack([weighted_mean(k[g], surp[g]) for g in spans]).astype(np.float64)
+                     for k in keys_all]  # [S, Hkv, d]
+        out: dict[str, list] = {f"{name}{ikv}": [] for ikv in range(n_layer)
+                                for name in ("q", "l_true", "l_sum", "l_rest", "y")}
+        for t in range(n_pre, n):
+            s.decode([tokens[t]])
+            cells = cell_of_position(s, t + 1)
+            for ikv in range(n_layer):
+                k_new = s.hook.get_rows(ikv, cells[t:t + 1])[0].astype(np.float64)  # [1, Hkv, d]
+                keys_all[ikv] = np.concatenate([keys_all[ikv], k_new])
+                q = s.hook.query(ikv).astype(np.float64)  # [H, d]
+                k = keys_all[ikv][:, np.arange(n_head) // group, :]  # [t+1, H, d]
+                logits = np.einsum("thd,hd->ht", k, q)  # [H, t+1]
+                owner = in_span[: t + 1]
+                l_true = np.full((n_head, len(spans)), -np.inf)
+                for i, g in enumerate(spans):
+                    l_true[:, i] = _lse(logits[:, g])
+                rest = logits[:, owner < 0]
+                l_rest = _lse(rest)  # [H]
+                kbar = summaries[ikv][:, np.arange(n_head) // group, :]  # [S, H, d]
+                l_sum = np.einsum("shd,hd->hs", kbar, q) + np.log(lengths)[None, :]  # [H, S]
+                total = _lse(np.concatenate([l_true, l_rest[:, None]], axis=1))  # [H]
+                share = np.exp(l_true - total[:, None])  # [H, S] full attention share of each span
+                y = np.zeros_like(share)
+                for h in range(n_head):
+                    order = np.argsort(-share[h])
+                    cum = np.cumsum(share[h, order])
+                    k_lab = int(np.searchsorted(cum, cap.label_mass * cum[-1])) + 1
+                    y[h, order[:k_lab]] = 1.0
+                out[f"q{ikv}"].append(q)
+                out[f"l_true{ikv}"].append(l_true)
+                out[f"l_sum{ikv}"].append(l_sum)
+                out[f"l_rest{ikv}"].append(l_rest)
+                out[f"y{ikv}"].append(y)
+                out.setdefault(f"span_mass{ikv}", []).append(share.sum(axis=1))  # [H]
+        result = {k: np.stack(v) for k, v in out.items()}
+        for ikv in range(n_layer):
+            result[f"keys{ikv}"] = summaries[ikv]
+        result["lengths"] = lengths
+        result["n_layer"] = np.array(n_layer)
+        return result
+    finally:
+        s.close()
+
+
+def save(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    np.savez_compressed(path, **arrays)

@@ -1,0 +1,90 @@
+"""``python -m sekv_gguf train``: teacher capture on the training documents (cached on disk with numpy, so training
+reruns without the model), distillation, and the GGUF adapter."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ..adapter import RouterAdapter, model_identity, write_adapter
+from ..config import ContextConfig, SekvConfig
+from ..eval.report import commit
+from ..session import Session, load_model
+from .capture import CaptureConfig, capture
+from .corpus import documents
+from .fit import TrainConfig, fit
+from .student import LossWeights
+
+
+@dataclass
+class TrainRun:
+    out: str = "sekv-router.gguf"
+    docs: int = 12
+    tokens: int = 4096
+    budget: float = 0.05
+    epochs: int = 60
+    proj_dim: int = 32
+    seed: int = 0
+    captures: str | None = None
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.docs < 1 or self.tokens < 1024 or self.budget < 0:
+            raise ValueError(f"need docs >= 1, tokens >= 1024 and budget >= 0, got {self.docs}, {self.tokens}, "
+                             f"{self.budget}")
+
+
+def train(model_path: str, run: TrainRun, progress: bool = True) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    ident = model_identity(model_path)
+    ctx_config = ContextConfig(n_threads=run.threads)
+    model = load_model(model_path, ctx_config)
+    if run.tokens > model.n_ctx_train() > 0:
+        raise ValueError(f"--tokens {run.tokens} exceeds the model's training context of {model.n_ctx_train()}")
+    sekv, cap = SekvConfig(), CaptureConfig()
+    key = hashlib.sha256(json.dumps([ident.tensor_hash, run.tokens, asdict(cap), asdict(sekv)]).encode()).hexdigest()
+    cache = Path(run.captures) if run.captures else \
+        Path(os.environ.get("SEKV_CACHE", Path.home() / ".cache" / "sekv_gguf")) / "train" / key[:16]
+    cache.mkdir(parents=True, exist_ok=True)
+    count = lambda text: len(model.tokenize(text.encode("utf-8"), add_bos=True, special=False))  # noqa: E731
+    captures = []
+    t_cap = time.perf_counter()
+    for i, (name, text) in enumerate(tqdm(list(documents(count, run.tokens, run.docs)), desc="capture",
+                                          unit="doc", disable=not progress)):
+        f = cache / f"doc-{i:03d}.npz"
+        if not f.exists():
+            tokens = model.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+            arrays = capture(model, tokens, sekv, cap, ctx_config)
+            np.savez_compressed(f.with_suffix(".tmp.npz"), **arrays)
+            f.with_suffix(".tmp.npz").rename(f)
+        captures.append(dict(np.load(f)))
+    capture_s = time.perf_counter() - t_cap
+    cfg = TrainConfig(proj_dim=run.proj_dim, epochs=run.epochs, seed=run.seed,
+                      weights=LossWeights(budget=run.budget))
+    ck = cache / f"checkpoint-{hashlib.sha256(json.dumps(asdict(cfg), default=str).encode()).hexdigest()[:12]}.npz"
+    result = fit(captures, cfg, checkpoint=ck, progress=progress)
+    probe = Session(model, ContextConfig(n_ctx=256, n_threads=run.threads))
+    try:
+        layers, layer = list(probe.hook.model_layers), probe.hook.layers[0]
+    finally:
+        probe.close()
+    adapter = RouterAdapter(
+        base=ident, layers=layers, n_head=layer.n_head, n_head_kv=layer.n_head_kv, head_dim=layer.head_dim_k,
+        proj_dim=result["proj_dim"], w=result["w"], b=result["b"], tau=result["tau"], anchor_alpha=sekv.anchor_alpha,
+        energy=sekv.energy,
+        train={"docs": run.docs, "tokens": run.tokens, "epochs": run.epochs, "seed": run.seed,
+               "budget_weight": run.budget, "loss_before": result["loss_before"],
+               "loss_after": result["loss_after"], "capture_s": capture_s, "train_s": result["train_s"],
+               "commit": commit(), "corpus": "stdlib docs (not the eval's modules) + filler needles"})
+    write_adapter(run.out, adapter)
+    return {"adapter": run.out, "params": adapter.n_params, "param_share": adapter.param_share,
+            "loss_before": result["loss_before"], "loss_after": result["loss_after"], "capture_s": capture_s,
+            "train_s": result["train_s"], "total_s": time.perf_counter() - t0, "captures": str(cache)}

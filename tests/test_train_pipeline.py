@@ -1,0 +1,64 @@
+"""Teacher capture, the train command and the trained router in the engine, on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import prose
+from sekv_gguf.adapter import read_adapter
+from sekv_gguf.cli import main
+from sekv_gguf.config import SekvConfig
+from sekv_gguf.session import load_model
+from sekv_gguf.train.capture import CaptureConfig, capture
+
+
+def _lse(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = x.max(axis=axis, keepdims=True)
+    return (m + np.log(np.exp(x - m).sum(axis=axis, keepdims=True))).squeeze(axis)
+
+
+def test_capture_shapes_masses_and_labels(tiny_llama):
+    model = load_model(tiny_llama)
+    tokens = model.tokenize(prose(9000).encode(), add_bos=True, special=False)[:1500]
+    cap = CaptureConfig(n_queries=6, window=128)
+    c = capture(model, tokens, SekvConfig(), cap)
+    n_layer, s = int(c["n_layer"]), c["lengths"].size
+    assert n_layer == 2 and s > 10
+    for ikv in range(n_layer):
+        q, l_true, l_rest, y = c[f"q{ikv}"], c[f"l_true{ikv}"], c[f"l_rest{ikv}"], c[f"y{ikv}"]
+        assert q.shape[:2] == (6, 4) and l_true.shape == (6, 4, s) and c[f"keys{ikv}"].shape[0] == s
+        share = np.exp(l_true - _lse(np.concatenate([l_true, l_rest[..., None]], axis=2))[..., None])
+        np.testing.assert_allclose(share.sum(axis=2), c[f"span_mass{ikv}"], rtol=1e-9)
+        covered = (share * y).sum(axis=2) / share.sum(axis=2)  # labelled spans hold >= 90% of the span mass
+        assert (covered >= cap.label_mass - 1e-9).all()
+        # a minimal label set: dropping the smallest labelled span falls below 90%
+        smallest = np.where(y > 0, share, np.inf).min(axis=2)
+        assert ((covered * share.sum(axis=2) - smallest) / share.sum(axis=2) < cap.label_mass + 1e-9).all()
+
+
+def test_train_command_writes_an_adapter_the_engine_uses(tiny_llama, tiny_gemma, tmp_path, capsys):
+    out = tmp_path / "router.gguf"
+    rc = main(["train", str(tiny_llama), "--docs", "2", "--tokens", "2048", "--epochs", "3", "--proj-dim", "8",
+               "--out", str(out), "--captures", str(tmp_path / "cap"), "-q"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["param_share"] > 0 and summary["loss_after"] <= summary["loss_before"]
+    adapter = read_adapter(out)
+    assert adapter.proj_dim == 8 and adapter.layers == [0, 1] and adapter.train["docs"] == 2
+    # a rerun finds the captures and the finished checkpoint: no model work, same weights
+    assert main(["train", str(tiny_llama), "--docs", "2", "--tokens", "2048", "--epochs", "3", "--proj-dim", "8",
+                 "--out", str(tmp_path / "again.gguf"), "--captures", str(tmp_path / "cap"), "-q"]) == 0
+    capsys.readouterr()
+    assert read_adapter(tmp_path / "again.gguf").w[0].tobytes() == adapter.w[0].tobytes()
+
+    text = prose(6000)
+    assert main(["run", str(tiny_llama), "-p", text, "-n", "4", "--kv-budget", "1024", "--adapter", str(out),
+                 "--json", "-q"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["sekv"]["router"] == "trained:router.gguf" and run["sekv"]["spans"] > 0
+    assert main(["run", str(tiny_gemma), "-p", text, "-n", "4", "--adapter", str(out), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "trained for tiny-llama" in err and "not for tiny-gemma3" in err
