@@ -21,15 +21,14 @@ def module_text(name: str) -> str:
     parts = [inspect.getdoc(mod) or ""]
     with warnings.catch_warnings():  # typing's deprecated io / re aliases warn when touched
         warnings.simplefilter("ignore", DeprecationWarning)
-        members = list(vars(mod).items())
-    for attr, obj in members:
-        if attr.startswith("_") or not (inspect.isclass(obj) or inspect.isfunction(obj)):
-            continue
-        if getattr(obj, "__module__", None) != mod.__name__:
-            continue
-        doc = inspect.getdoc(obj)
-        if doc:
-            parts.append(f"{attr}\n{doc}")
+        for attr, obj in vars(mod).items():
+            if attr.startswith("_") or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            if getattr(obj, "__module__", None) != mod.__name__:
+                continue
+            doc = inspect.getdoc(obj)
+            if doc:
+                parts.append(f"{attr}\n{doc}")
     return "\n\n".join(p for p in parts if p)
 
 
