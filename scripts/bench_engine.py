@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,25 +20,13 @@ sys.path.insert(0, str(ROOT))
 
 from sekv_gguf.config import ContextConfig, SekvConfig  # noqa: E402
 from sekv_gguf.documents import needle_prompt  # noqa: E402
+from sekv_gguf.eval.report import commit, machine  # noqa: E402
 from sekv_gguf.engine import generate, make_policy  # noqa: E402
 from sekv_gguf.models import default_model_path  # noqa: E402
 from sekv_gguf.session import load_model  # noqa: E402
 from sekv_gguf.tiny_models import TinySpec, write_tiny_llama  # noqa: E402
 
 POLICIES = ("full", "sekv")
-
-
-def machine() -> dict:
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "processor": platform.processor()}
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run_case(model, model_name: str, n_tokens: int, depth: float, n_predict: int, budget: float, min_budget: int,

@@ -37,19 +37,6 @@ def _grouped(query: np.ndarray, n_head_kv: int) -> np.ndarray:
     return query.reshape(n_head_kv, query.shape[0] // n_head_kv, -1)
 
 
-class SummaryRouter(Router):
-    """``max over the query heads of a KV group of q·k̄ + log|S|``: the summary row's own attention logit."""
-
-    name = "training-free"
-    score_kind = "summary"
-
-    def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
-              spans: Sequence[Span], bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        q = _grouped(query, keys.shape[1])
-        logits = np.einsum("shd,hgd->shg", keys, q)  # [n_spans, Hkv, group]
-        return logits.reshape(keys.shape[0], -1).max(axis=1) + np.log(lengths)
-
-
 class CentroidRouter(Router):
     """``max over the query heads of a KV group of q·k̄``: similarity of the query to the span's mean key, with no
     length term (SentenceKV's sentence-vector retrieval)."""
@@ -62,6 +49,16 @@ class CentroidRouter(Router):
         q = _grouped(query, keys.shape[1])
         logits = np.einsum("shd,hgd->shg", keys, q)  # [n_spans, Hkv, group]
         return logits.reshape(keys.shape[0], -1).max(axis=1)
+
+
+class SummaryRouter(CentroidRouter):
+    """``max over the query heads of a KV group of q·k̄ + log|S|``: the summary row's own attention logit."""
+
+    score_kind = "summary"
+
+    def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
+              spans: Sequence[Span], bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        return super().score(ikv, query, keys, lengths, spans, bounds) + np.log(lengths)
 
 
 class LowRankMassRouter(Router):

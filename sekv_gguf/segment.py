@@ -7,6 +7,7 @@ and returns anchors and complete spans; a tail shorter than ``span_min`` is retu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -83,6 +84,25 @@ class Segmenter:
         lo, hi = self.config.span_min, self.config.span_max
         jumps = np.abs(np.diff(s))  # jumps[j] is between tokens j and j+1
         return lo + int(np.argmax(jumps[lo - 1:hi]))
+
+
+class SentenceEnds:
+    """Which tokens end a sentence (their text holds a line break or ends in one of ``marks``), cached per token id.
+    ``piece`` gives a token's bytes (``Session.piece``)."""
+
+    def __init__(self, piece: Callable[[int], bytes], marks: tuple[bytes, ...] = (b".", b"!", b"?")):
+        self.piece, self.marks = piece, marks
+        self._ends: dict[int, bool] = {}
+
+    def __call__(self, tokens: list[int]) -> np.ndarray:
+        """float32 [n]: 1 where the token ends a sentence."""
+        out = np.zeros(len(tokens), dtype=np.float32)
+        for i, t in enumerate(tokens):
+            if t not in self._ends:
+                piece = self.piece(t)
+                self._ends[t] = b"\n" in piece or piece.rstrip().endswith(self.marks)
+            out[i] = self._ends[t]
+        return out
 
 
 class SentenceSegmenter:

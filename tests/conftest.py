@@ -10,7 +10,7 @@ import pytest
 
 from sekv_gguf.config import ContextConfig
 from sekv_gguf.documents import stdlib_prose
-from sekv_gguf.session import Session
+from sekv_gguf.session import Session, load_model
 from sekv_gguf.tiny_models import TinySpec, write_tiny_gemma3, write_tiny_llama, write_tiny_mrope
 
 LLAMA_SPEC = TinySpec()
@@ -53,6 +53,18 @@ def tiny_gemma(model_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_mrope(model_dir: Path) -> Path:
     return write_tiny_mrope(model_dir / "tiny-qwen2vl.gguf")
+
+
+@pytest.fixture(scope="session")
+def llama_model(tiny_llama: Path):
+    """The tiny llama loaded once (sessions share its weights)."""
+    return load_model(tiny_llama)
+
+
+@pytest.fixture(scope="session")
+def gemma_model(tiny_gemma: Path):
+    """The tiny Gemma-3-like model loaded once."""
+    return load_model(tiny_gemma)
 
 
 @pytest.fixture(scope="session")

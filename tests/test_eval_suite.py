@@ -12,12 +12,6 @@ from sekv_gguf.engine import make_policy
 from sekv_gguf.eval.fidelity import forced_logits, kl, teacher_forced
 from sekv_gguf.eval.report import table, write
 from sekv_gguf.eval.suite import EvalConfig, run_suite
-from sekv_gguf.session import load_model
-
-
-@pytest.fixture(scope="module")
-def llama_model(tiny_llama):
-    return load_model(tiny_llama)
 
 
 def test_kl_is_zero_for_equal_and_positive_for_different():

@@ -53,3 +53,29 @@ class Policy(ABC):
         return ContextConfig(n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk, n_threads=base.n_threads,
                              flash_attn=base.flash_attn, swa_full=base.swa_full, type_k=base.type_k,
                              type_v=base.type_v, n_gpu_layers=base.n_gpu_layers, verbose=base.verbose)
+
+
+class StreamedPolicy(Policy):
+    """A policy that feeds the prompt to ``_decode`` in chunks of ``self.chunk`` tokens, then each new token."""
+
+    chunk: int
+
+    @abstractmethod
+    def _decode(self, tokens: list[int]) -> np.ndarray:
+        """Decode ``tokens`` after the newest one (and keep the cache within its rule); logits of the next one."""
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        if not tokens:
+            raise ValueError("empty prompt")
+        logits = None
+        for c0 in range(0, len(tokens), self.chunk):
+            logits = self._decode(tokens[c0:c0 + self.chunk])
+            self.n_prefilled = min(c0 + self.chunk, len(tokens))
+            self.notify()
+        self.phase = "decode"
+        return logits
+
+    def step(self, token: int) -> np.ndarray:
+        logits = self._decode([token])
+        self.notify()
+        return logits

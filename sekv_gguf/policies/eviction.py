@@ -10,10 +10,10 @@ import numpy as np
 from ..config import BaselineConfig, ContextConfig, SekvConfig
 from ..errors import BudgetError
 from ..session import Session
-from .base import Policy
+from .base import Policy, StreamedPolicy
 
 
-class EvictionPolicy(Policy):
+class EvictionPolicy(StreamedPolicy):
     """Tokens are decoded into a cache of ``budget`` cells; when new tokens do not fit, ``victims`` names resident
     tokens to release (never the ``n_sink`` first tokens, never the newest one). ``observe`` runs after every
     decode (prompt chunk or generated token) to update the policy's scores."""
@@ -85,22 +85,6 @@ class EvictionPolicy(Policy):
         self.score = np.concatenate([self.score, np.zeros(len(tokens))])
         if not self.fits:
             self.observe(np.arange(n0, self.pos.size))
-        return logits
-
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        if not tokens:
-            raise ValueError("empty prompt")
-        logits = None
-        for c0 in range(0, len(tokens), self.chunk):
-            logits = self._decode(tokens[c0:c0 + self.chunk])
-            self.n_prefilled = min(c0 + self.chunk, len(tokens))
-            self.notify()
-        self.phase = "decode"
-        return logits
-
-    def step(self, token: int) -> np.ndarray:
-        logits = self._decode([token])
-        self.notify()
         return logits
 
     def stats(self) -> dict[str, Any]:

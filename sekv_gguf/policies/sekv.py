@@ -28,7 +28,7 @@ from .. import native
 from ..config import ContextConfig, SekvConfig
 from ..errors import BudgetError
 from ..router import ROUTERS, Router
-from ..segment import SentenceSegmenter, Segmenter
+from ..segment import SentenceEnds, SentenceSegmenter, Segmenter
 from ..session import Session
 from ..spans import Span, factorize, weighted_mean
 from .base import Policy, pad_cells
@@ -84,7 +84,7 @@ class SekvPolicy(Policy):
 
         self.segmenter = (SentenceSegmenter(config) if config.segmentation == "sentences"
                           else Segmenter(config, self.anchor_cap))
-        self._ends: dict[int, bool] = {}  # token id -> ends a sentence (sentence segmentation)
+        self._sentence_ends = SentenceEnds(self.session.piece) if config.segmentation == "sentences" else None
         self.sinks: list[tuple[int, int]] = []       # (pos, cell)
         self.anchors: list[tuple[int, int]] = []     # (pos, cell)
         self.win_pos: list[int] = []                 # window: positions, cells, surprisal (oldest first)
@@ -135,19 +135,9 @@ class SekvPolicy(Policy):
                 surp[0] = native.surprisal(self.prev_logits[None, :], tokens[:1])[0]
         self.prev_logits = last
         if self.config.segmentation == "sentences":
-            surp = self._sentence_ends(tokens)  # the segmentation signal
+            surp = self._sentence_ends(tokens)  # the segmentation signal: 1 at sentence ends
         self._admit(p0, surp)
         return last
-
-    def _sentence_ends(self, tokens: list[int]) -> np.ndarray:
-        """float32 [n]: 1 where the token ends a sentence (its text ends in . ! ? or holds a line break)."""
-        out = np.zeros(len(tokens), dtype=np.float32)
-        for i, t in enumerate(tokens):
-            if t not in self._ends:
-                piece = self.session.piece(t)
-                self._ends[t] = b"\n" in piece or piece.rstrip().endswith((b".", b"!", b"?"))
-            out[i] = self._ends[t]
-        return out
 
     def _cells_from(self, p0: int) -> np.ndarray:
         """Cells of positions p0, p0+1, ... (the newest tokens), in position order, read from the hook."""

@@ -20,14 +20,14 @@ from scipy.cluster.vq import kmeans2
 
 from ..config import ContextConfig, SekvConfig
 from ..errors import BudgetError
-from ..segment import SentenceSegmenter
+from ..segment import SentenceEnds, SentenceSegmenter
 from ..session import Session
-from .base import Policy
+from .base import Policy, StreamedPolicy
 
 NEG_INF = float("-inf")
 
 
-class SemantiCachePolicy(Policy):
+class SemantiCachePolicy(StreamedPolicy):
     name = "semanticache"
 
     def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, config: SekvConfig | None = None,
@@ -57,7 +57,7 @@ class SemantiCachePolicy(Policy):
         self.win_end: list[float] = []  # 1 where the token ends a sentence
         self.cores = 0
         self.merged_tokens = 0
-        self._ends: dict[int, bool] = {}
+        self._ends = SentenceEnds(self.session.piece, marks=(b".", b"!", b"?", b";", b":"))
 
     def _decode(self, tokens: list[int]) -> np.ndarray:
         p0 = self.session.pos_max() + 1
@@ -67,13 +67,10 @@ class SemantiCachePolicy(Policy):
         cells = cells[np.argsort(pos[cells])]
         n_sink = min(self.config.n_sink - self.n_sinks, len(tokens)) if not self.win_pos else 0
         self.n_sinks += n_sink
-        for i, t in enumerate(tokens[n_sink:], start=n_sink):
-            if t not in self._ends:
-                piece = self.session.piece(t)
-                self._ends[t] = b"\n" in piece or piece.rstrip().endswith((b".", b"!", b"?", b";", b":"))
-            self.win_pos.append(p0 + i)
-            self.win_cell.append(int(cells[i]))
-            self.win_end.append(float(self._ends[t]))
+        ends = self._ends(tokens)  # [n] 1 at delimiters
+        self.win_pos.extend(range(p0 + n_sink, p0 + len(tokens)))
+        self.win_cell.extend(int(c) for c in cells[n_sink:])
+        self.win_end.extend(float(e) for e in ends[n_sink:])
         self._maintain()
         return logits
 
@@ -135,22 +132,6 @@ class SemantiCachePolicy(Policy):
             self.hook.set_bias_cells(ikv, free, bias[ikv])
         self.cores += total
         self.merged_tokens += int(all_cells.size)
-
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        if not tokens:
-            raise ValueError("empty prompt")
-        logits = None
-        for c0 in range(0, len(tokens), self.chunk):
-            logits = self._decode(tokens[c0:c0 + self.chunk])
-            self.n_prefilled = min(c0 + self.chunk, len(tokens))
-            self.notify()
-        self.phase = "decode"
-        return logits
-
-    def step(self, token: int) -> np.ndarray:
-        logits = self._decode([token])
-        self.notify()
-        return logits
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
