@@ -1,6 +1,6 @@
-"""Print the README table of a bench/engine.json: per model and length, sekv as ratios to full from the same run.
+"""Print the README table of bench/engine*.json files: per model and length, sekv as ratios to full from the same run.
 
-    .venv/bin/python scripts/bench_table.py bench/engine.json
+    .venv/bin/python scripts/bench_table.py bench/engine.json bench/engine-32k.json
 """
 
 import json
@@ -8,11 +8,11 @@ import sys
 from collections import defaultdict
 
 
-def main(path: str) -> None:
-    data = json.load(open(path))
+def main(paths: list[str]) -> None:
     rows = defaultdict(dict)
-    for c in data["cases"]:
-        rows[(c["model"], c["n_tokens"], c["depth"])][c["policy"]] = c
+    for path in paths:
+        for c in json.load(open(path))["cases"]:
+            rows[(c["model"], c["n_tokens"], c["depth"])][c["policy"]] = c
     print("| model | tokens | device KV sekv / full | host / full KV | prefill tok/s (ratio) | decode tok/s (ratio) "
           "| needle full / sekv |")
     print("|---|---|---|---|---|---|---|")
@@ -28,4 +28,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench/engine.json")
+    main(sys.argv[1:] or ["bench/engine.json"])
