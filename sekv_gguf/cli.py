@@ -118,16 +118,23 @@ def _prompt(args: argparse.Namespace, session_model: Any) -> str:
     return text
 
 
-def _trained_router(adapter: str | None, model_path: str) -> Any:
-    """The trained router of ``adapter`` (checked against the model), or None for the training-free one."""
-    if not adapter:
-        return None
-    from .adapter import model_identity, read_adapter
+def _trained_router(adapter: str | None, model_path: str, training_free: bool = False) -> Any:
+    """The trained router of ``adapter`` (checked against the model); without one, the bundled adapter when it was
+    trained for this very model; else None (the training-free router)."""
+    from .adapter import bundled_adapter, model_identity, read_adapter
     from .router import TrainedRouter
 
-    a = read_adapter(adapter)
-    a.check_model(model_identity(model_path), adapter)
-    return TrainedRouter(a, Path(adapter).name)
+    if adapter:
+        a = read_adapter(adapter)
+        a.check_model(model_identity(model_path), adapter)
+        return TrainedRouter(a, Path(adapter).name)
+    bundled = None if training_free else bundled_adapter()
+    if bundled is None:
+        return None
+    a = read_adapter(bundled)
+    if a.base.tensor_hash != model_identity(model_path).tensor_hash:
+        return None
+    return TrainedRouter(a, bundled.name)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -165,7 +172,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             bar.update(policy.n_prefilled - state["done"])
             state["done"] = policy.n_prefilled
 
-    router = _trained_router(args.adapter, path)
+    router = _trained_router(args.adapter, path, args.training_free) if args.policy == "sekv" else None
     policy = make_policy(args.policy, model, n_context, ctx_config, config, observer=observe,
                          **({"router": router} if router is not None else {}))
     bar = state["bar"] = tqdm(total=len(tokens), desc=f"prefill ({args.policy})", unit="tok", file=sys.stderr,
@@ -221,7 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prefill", default="auto", choices=["auto", "streaming", "exact"],
                      help="prefill mode of sekv (default auto: streaming when the prompt exceeds the budget)")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    run.add_argument("--adapter", help="trained router adapter (GGUF, from `train`) for the sekv policy")
+    run.add_argument("--adapter", help="trained router adapter (GGUF, from `train`) for the sekv policy (default: "
+                                       "the bundled one when it was trained for this model)")
+    run.add_argument("--training-free", action="store_true", help="use the training-free router even if an "
+                                                                  "adapter for this model is bundled")
     run.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     run.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
@@ -251,7 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="add these runs to OUT/eval-NAME.json (same tasks and lengths; other policies or budgets)")
     ev.add_argument("-q", "--quiet", action="store_true", help="no progress bars or per-case lines")
     ev.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
-    ev.add_argument("--adapter", help="trained router adapter for sekv (its runs are reported as sekv-trained)")
+    ev.add_argument("--adapter", help="trained router adapter for sekv (its runs are reported as sekv-trained; "
+                                      "default: the bundled one when it was trained for this model)")
+    ev.add_argument("--training-free", action="store_true", help="sekv with the training-free router")
     ev.set_defaults(func=cmd_eval)
 
     tr = sub.add_parser("train", help="distil the zoom-in router from full attention into a GGUF adapter")
@@ -290,9 +302,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ctx_config = ContextConfig(verbose=args.verbose, n_threads=args.threads)
     model = load_model(path, ctx_config)
     log = None if args.quiet else (lambda line: tqdm.write(line, file=sys.stderr))
-    router = _trained_router(args.adapter, path)
+    router = _trained_router(args.adapter, path, args.training_free) if "sekv" in cfg.policies else None
     result = run_suite(model, cfg, ctx_config, progress=not args.quiet, log=log, router=router)
     result["params"]["threads"] = ctx_config.threads
+    result["params"]["router"] = router.name if router is not None else "training-free"
     out = write(result, Path(args.out), args.name, Path(path).name, merge_into=args.merge)
     print(table(json.loads(out.read_text())))
     print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)

@@ -4,7 +4,9 @@ that loading it on another model fails with a message naming both."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gguf import GGUFReader
@@ -34,7 +36,38 @@ def _field(reader: GGUFReader, key: str) -> object:
     return f.contents()
 
 
+def _cache_file(path: Path) -> Path:
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:24]
+    root = Path(os.environ.get("SEKV_CACHE", Path.home() / ".cache" / "sekv_gguf"))
+    return root / "identity" / f"{key}.json"
+
+
 def model_identity(path: str | Path) -> ModelIdentity:
+    """The identity of the GGUF model at ``path``; cached per file (path, size, mtime): reading a large vocabulary
+    with gguf-py takes seconds."""
+    path = Path(path)
+    try:
+        cache = _cache_file(path)
+    except OSError as e:
+        raise ModelError(f"cannot read GGUF metadata of {path}: {e}") from e
+    if cache.exists():
+        try:
+            return ModelIdentity(**json.loads(cache.read_text()))
+        except (ValueError, TypeError):
+            pass  # a damaged cache entry: read the model again
+    ident = _read_identity(path)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(ident)))
+        tmp.replace(cache)
+    except OSError:
+        pass  # no cache directory: fine, just slower next time
+    return ident
+
+
+def _read_identity(path: Path) -> ModelIdentity:
     try:
         reader = GGUFReader(str(path), "r")
     except (OSError, ValueError) as e:
