@@ -109,7 +109,13 @@ def table(doc: dict[str, Any]) -> str:
     tasks = list(doc["params"]["tasks"])
     head = "| policy | " + " | ".join(tasks) + " | all | KL | top-1 |"
     lines = [head, "|" + "---|" * (len(tasks) + 4)]
-    for k, row in acc.items():
+    order = {p: i for i, p in enumerate(doc["params"]["policies"])}
+
+    def rank(k: str) -> tuple[int, float]:
+        name, _, budget = k.partition("@")
+        return order.get(name, len(order)), float(budget or 0)
+
+    for k, row in sorted(acc.items(), key=lambda kv: rank(kv[0])):
         f = fid.get(k, {})
         kl = f"{f['kl_mean']:.3f}" if f else "—"
         top1 = f"{f['top1_agreement']:.2f}" if f else "—"
