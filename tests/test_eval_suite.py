@@ -61,6 +61,11 @@ def test_suite_runs_every_policy_and_writes_json_and_plot(llama_model, tmp_path)
     doc2 = json.loads(write(more, tmp_path, "t", "tiny", merge_into=True).read_text())
     assert len(doc2["cases"]) == 2 * 7 and "chunkkv@0.5" in doc2["summary"]["accuracy"]
     assert doc2["params"]["policies"][-1] == "chunkkv" and len(doc2["fidelity"]) == 5
+    # sekv with another training-free score is reported beside the default
+    other = run_suite(llama_model, EvalConfig(policies=("sekv",), budgets=(0.5,), tasks=("niah_number",),
+                                              lengths=(1024,), haystacks=("prose",), n_predict=2, fidelity_docs=0,
+                                              sekv={"router": "summary"}), progress=False)
+    assert {r["policy"] for r in other["cases"]} == {"sekv-summary"}
 
 
 def test_bad_eval_input_is_refused(llama_model, capsys):

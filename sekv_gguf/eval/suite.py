@@ -96,7 +96,12 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
         return make_policy(name, model, n_context, ctx_config, config, **extra)
 
     def label(name: str) -> str:
-        return "sekv-trained" if router is not None and name == "sekv" else name
+        if name != "sekv":
+            return name
+        if router is not None:
+            return "sekv-trained"
+        score = cfg.sekv.get("router", SekvConfig.router)
+        return name if score == SekvConfig.router else f"sekv-{score}"
 
     for length in cfg.lengths:
         for task in cfg.tasks:
