@@ -152,6 +152,12 @@ class KVHook:
         check("sekv_kv_cells_pos", api.sekv_kv_cells_pos(self.ctx, seq, _ptr(out), out.size))
         return out
 
+    def cells_from(self, p0: int, seq: int = 0) -> np.ndarray:
+        """int32 [n]: the cells of ``seq``'s positions >= ``p0`` (the newest tokens), in position order."""
+        pos = self.cells_pos(seq)
+        cells = np.flatnonzero(pos >= p0)
+        return cells[np.argsort(pos[cells])].astype(np.int32)
+
     def claim(self, cells: Any, pos: Any, seq: int = 0) -> None:
         """Make empty ``cells`` belong to ``seq`` at ``pos`` (each at most the sequence's maximum position)."""
         c, p = _i32(cells, "cells"), _i32(pos, "pos")

@@ -197,8 +197,6 @@ def span_mass(query: np.ndarray, table: SpanTable) -> np.ndarray:
     return out
 
 
-lib.sekv_init()
-
 
 def attn_mass(query: np.ndarray, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """float32 [n]: sum over query heads of softmax_i(q_h · k_i) for query f32 [n_head, d] and cache rows
@@ -219,3 +217,6 @@ def attn_mass(query: np.ndarray, keys: np.ndarray, out: np.ndarray | None = None
                                                _ptr("uint16_t *", k), k.shape[0], _ptr("float *", scratch),
                                                scratch.size, _ptr("float *", out)))
     return out
+
+
+lib.sekv_init()  # the f16 table span_mass and attn_mass read

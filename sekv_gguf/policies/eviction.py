@@ -76,9 +76,7 @@ class EvictionPolicy(StreamedPolicy):
         self._room(len(tokens))
         p0 = self.session.pos_max() + 1
         logits = self.session.decode(tokens)
-        pos = self.hook.cells_pos()
-        cells = np.flatnonzero(pos >= p0)
-        cells = cells[np.argsort(pos[cells])].astype(np.int32)
+        cells = self.hook.cells_from(p0)  # [n] the new tokens' cells, in position order
         n0 = self.pos.size
         self.pos = np.concatenate([self.pos, np.arange(p0, p0 + len(tokens))])
         self.cell = np.concatenate([self.cell, cells])

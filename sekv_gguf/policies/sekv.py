@@ -110,8 +110,8 @@ class SekvPolicy(Policy):
     def _check_budget(self) -> None:
         cfg = self.config
         max_spans = math.ceil(max(self.n_context - cfg.n_sink - self.window, 0) / cfg.span_min)
-        parts = {"sinks": cfg.n_sink, "anchors": self.anchor_cap, "summaries": max_spans if cfg.summary_rows else 0, "zoom": self.n_zoom,
-                 "window": self.window + cfg.span_min + cfg.span_max, "chunk": self.chunk}
+        parts = {"sinks": cfg.n_sink, "anchors": self.anchor_cap, "summaries": max_spans if cfg.summary_rows else 0,
+                 "zoom": self.n_zoom, "window": self.window + cfg.span_min + cfg.span_max, "chunk": self.chunk}
         need = sum(parts.values())
         if need > self.budget:
             detail = " + ".join(f"{k} {v}" for k, v in parts.items())
@@ -139,15 +139,9 @@ class SekvPolicy(Policy):
         self._admit(p0, surp)
         return last
 
-    def _cells_from(self, p0: int) -> np.ndarray:
-        """Cells of positions p0, p0+1, ... (the newest tokens), in position order, read from the hook."""
-        pos = self.session.hook.cells_pos()
-        cells = np.flatnonzero(pos >= p0)
-        return cells[np.argsort(pos[cells])]
-
     def _admit(self, p0: int, surp: np.ndarray) -> None:
         """Place the newly decoded tokens (positions p0..) into sinks or the window."""
-        cells = self._cells_from(p0)
+        cells = self.session.hook.cells_from(p0)
         assert cells.size == surp.size
         n_sink = max(0, min(self.config.n_sink - len(self.sinks), surp.size)) if not self.win_pos else 0
         self.sinks.extend((p0 + i, int(cells[i])) for i in range(n_sink))
@@ -238,7 +232,7 @@ class SekvPolicy(Policy):
         surp = self.win_surp[-k:]
         del self.win_pos[-k:], self.win_cell[-k:], self.win_surp[-k:]
         out = self.session.decode(tokens[-k:], pos0=p0)
-        cells = self._cells_from(p0)
+        cells = self.session.hook.cells_from(p0)
         self.win_pos.extend(range(p0, p_last + 1))
         self.win_cell.extend(int(c) for c in cells)
         self.win_surp.extend(surp)

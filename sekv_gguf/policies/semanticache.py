@@ -62,9 +62,7 @@ class SemantiCachePolicy(StreamedPolicy):
     def _decode(self, tokens: list[int]) -> np.ndarray:
         p0 = self.session.pos_max() + 1
         logits = self.session.decode(tokens)
-        pos = self.hook.cells_pos()
-        cells = np.flatnonzero(pos >= p0)
-        cells = cells[np.argsort(pos[cells])]
+        cells = self.hook.cells_from(p0)  # [n] the new tokens' cells, in position order
         n_sink = min(self.config.n_sink - self.n_sinks, len(tokens)) if not self.win_pos else 0
         self.n_sinks += n_sink
         ends = self._ends(tokens)  # [n] 1 at delimiters

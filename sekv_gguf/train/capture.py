@@ -77,9 +77,9 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
                                 for name in ("q", "l_true", "l_sum", "l_rest", "y")}
         for t in range(n_pre, n):
             s.decode([tokens[t]])
-            cells = cell_of_position(s, t + 1)
+            cell = s.hook.cells_from(t)  # [1] the token just decoded
             for ikv in range(n_layer):
-                k_new = s.hook.get_rows(ikv, cells[t:t + 1])[0].astype(np.float64)  # [1, Hkv, d]
+                k_new = s.hook.get_rows(ikv, cell)[0].astype(np.float64)  # [1, Hkv, d]
                 keys_all[ikv] = np.concatenate([keys_all[ikv], k_new])
                 q = s.hook.query(ikv).astype(np.float64)  # [H, d]
                 k = keys_all[ikv][:, np.arange(n_head) // group, :]  # [t+1, H, d]
