@@ -295,12 +295,7 @@ int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64
                 }
             }
         }
-        float best = m[0] + logf(sum[0]);
-        for (int64_t h = 1; h < n_head; ++h) {
-            const float lse = m[h] + logf(sum[h]);
-            best = lse > best ? lse : best;
-        }
-        out[s] = best;
+        for (int64_t h = 0; h < n_head; ++h) out[s*n_head + h] = m[h] + logf(sum[h]);
     }
     return SEKV_N_OK;
 }

@@ -35,8 +35,8 @@ int32_t sekv_scatter_rows_f32_f16(const float * src, int64_t n_src, int64_t row_
 
 /* surprisal (nats) of realised tokens: out[i] = logsumexp(logits[i, :]) - logits[i, next[i]] for n rows of n_vocab */
 int32_t sekv_surprisal(const float * logits, int64_t n, int64_t n_vocab, const int32_t * next, float * out);
-/* Attention mass of each span for one layer's query (the training-free zoom score):
- *   out[s] = max over query heads h of logsumexp_t (q[h] . k[s, t, h / (n_head / n_head_kv)])
+/* Attention mass of each span for one layer's query, per query head (the training-free zoom score is its max):
+ *   out[s, h] = logsumexp_t (q[h] . k[s, t, h / (n_head / n_head_kv)])      out: f32 [n_spans, n_head]
  * q: f32 [n_head, d] (already scaled so that q . k is the attention logit). Span s has len[s] rows; rank[s] == 0:
  * a[s] holds its raw f16 K rows [len, n_head_kv, d]; rank[s] = r > 0: a[s] holds f16 U.S [n_head_kv, len, r] and
  * b[s] f16 V^T [n_head_kv, r, d]. Sizes are checked (d <= SEKV_MAX_HEAD_DIM, n_head <= SEKV_MAX_HEADS,

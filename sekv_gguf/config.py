@@ -75,6 +75,10 @@ class SekvConfig:
         (the summary row's logit q·k̄ + log|S|); both training-free. On Gemma 3 270M needles at 4K / 25% budget the
         summary score missed needles the mass score found, and energies of 0.95-0.995 lost them (see README).
         The baselines use "bound" (Quest's channel-wise min/max bound) and "centroid" (q·k̄ without the length term).
+        A trained router (a GGUF adapter, ``--adapter``) replaces them.
+    verify_candidates: with a trained router, the spans it ranks first per layer whose exact attention mass (the
+        ``mass`` score, from the host factors) then orders them; 0: the trained score alone. The trained score
+        decides which spans are looked at, the host factors decide among those.
     chunk: prompt tokens per llama_decode in streaming prefill.
     prefill: "streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size
         context, then compression), or "auto" (streaming when the prompt does not fit the budget).
@@ -107,6 +111,7 @@ class SekvConfig:
     chunk: int = 256
     prefill: str = "auto"
     router: str = "mass"
+    verify_candidates: int = 24
     route_every: int = 4
     max_new_zooms: int = 2
     zoom_lag_refresh: bool = True
@@ -139,6 +144,8 @@ class SekvConfig:
             raise ValueError(f"route_every and max_new_zooms must be >= 1, got {self.route_every}, {self.max_new_zooms}")
         if self.r_max < 1 or self.chunk < 1:
             raise ValueError(f"r_max and chunk must be >= 1, got {self.r_max}, {self.chunk}")
+        if self.verify_candidates < 0:
+            raise ValueError(f"verify_candidates must be >= 0, got {self.verify_candidates}")
         if self.router not in ("mass", "summary", "bound", "centroid"):
             raise ValueError(f"router must be mass, summary, bound or centroid, got {self.router!r}")
         if self.segmentation not in ("surprisal", "blocks", "sentences"):

@@ -182,20 +182,26 @@ class SpanTable:
         self.b = np.append(self.b, np.uintp(b.ctypes.data))
 
 
-def span_mass(query: np.ndarray, table: SpanTable) -> np.ndarray:
-    """float32 [n_spans]: max over query heads of logsumexp_t q_h · k_t over each span's host K (see SpanTable)."""
+def span_mass(query: np.ndarray, table: SpanTable, subset: np.ndarray | None = None) -> np.ndarray:
+    """float32 [n_spans, n_head]: logsumexp_t q_h · k_t over each span's host K rows, per query head (see
+    SpanTable); with ``subset`` (span indices) only those spans' rows, [len(subset), n_head]."""
     q = np.ascontiguousarray(query, dtype=np.float32)
     if q.ndim != 2 or q.shape[1] != table.head_dim or q.shape[0] % table.n_head_kv:
         raise NativeError(f"query must be [n_head, {table.head_dim}] with n_head a multiple of {table.n_head_kv}, "
                           f"got {q.shape}")
-    out = np.empty(len(table), dtype=np.float32)
+    lens, ranks, a, b = table.len, table.rank, table.a, table.b
+    if subset is not None:
+        idx = np.asarray(subset, dtype=np.int64)
+        if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= len(table))):
+            raise NativeError(f"span subset must index the {len(table)} spans of the table")
+        lens, ranks, a, b = lens[idx], ranks[idx], a[idx], b[idx]  # copies, contiguous
+    out = np.empty((lens.size, q.shape[0]), dtype=np.float32)
     if out.size:
         _check("span_mass", lib.sekv_span_mass(
-            _ptr("float *", q), q.shape[0], table.n_head_kv, table.head_dim, out.size,
-            _ptr("int32_t *", table.len), _ptr("int32_t *", table.rank), ffi.cast("uint16_t **", table.a.ctypes.data),
-            ffi.cast("uint16_t **", table.b.ctypes.data), _ptr("float *", out)))
+            _ptr("float *", q), q.shape[0], table.n_head_kv, table.head_dim, lens.size,
+            _ptr("int32_t *", lens), _ptr("int32_t *", ranks), ffi.cast("uint16_t **", a.ctypes.data),
+            ffi.cast("uint16_t **", b.ctypes.data), _ptr("float *", out)))
     return out
-
 
 
 def attn_mass(query: np.ndarray, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -13,10 +13,13 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from . import native
-from .spans import Span
+from .features import SpanFeatures
+from .spans import KeySketch, Span
+from .train.student import Params, alphas as student_alphas
 
 if TYPE_CHECKING:
     from .adapter import RouterAdapter
+    from .config import SekvConfig
 
 
 class Router(ABC):
@@ -24,6 +27,11 @@ class Router(ABC):
 
     name: str = "router"  # what the run's JSON reports as "router"
     score_kind: str = "router"  # key in ROUTERS
+    # (spread rank, centroids, k-means steps): the router reads each span's ``Span.sketch`` made so (None: it does not)
+    sketch: tuple[int, int, int] | None = None
+
+    def configure(self, config: "SekvConfig") -> None:
+        """Take what the policy's config says about routing (nothing, for the training-free scores)."""
 
     @abstractmethod
     def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
@@ -72,7 +80,8 @@ class LowRankMassRouter(Router):
     def __init__(self) -> None:
         self._tables: dict[int, native.SpanTable] = {}
 
-    def _table(self, ikv: int, spans: Sequence[Span], n_head_kv: int, d: int) -> native.SpanTable:
+    def table(self, ikv: int, spans: Sequence[Span], n_head_kv: int, d: int) -> native.SpanTable:
+        """Layer ``ikv``'s pointer table of the spans' host K rows, grown as spans are added."""
         table = self._tables.get(ikv)
         if table is None or len(table) > len(spans):  # spans only grow: a shorter list is another policy's
             table = self._tables[ikv] = native.SpanTable(n_head_kv, d)
@@ -83,8 +92,8 @@ class LowRankMassRouter(Router):
 
     def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
               spans: Sequence[Span], bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        table = self._table(ikv, spans, keys.shape[1], keys.shape[2])
-        return native.span_mass(query, table)  # [n_spans]
+        table = self.table(ikv, spans, keys.shape[1], keys.shape[2])
+        return native.span_mass(query, table).max(axis=1)  # [n_spans, n_head] -> [n_spans]
 
 
 class BoundRouter(Router):
@@ -108,15 +117,25 @@ ROUTERS: dict[str, type[Router]] = {
 
 
 class TrainedRouter(Router):
-    """The distilled router of a GGUF adapter (``sekv_gguf.adapter``): per query head
-    ``alpha = sigmoid(<W q, normalize(W k̄)>/sqrt(P) + log|S| + b)``; a span's score is the best margin
-    ``alpha - tau`` over the query heads (a KV group is rebuilt if any of its heads zooms)."""
+    """The distilled router of a GGUF adapter (``sekv_gguf.adapter``; the model is ``sekv_gguf.train.student``): per
+    query head h and span s, ``alpha = sigmoid(e_s - logsumexp_s' e_s' + b)`` with the estimated log mass
+    ``e_s = <W q, normalize(W k̄_s)>/sqrt(P) + theta · features_s + log|S_s|`` (``sekv_gguf.features``); a span's
+    score is its best margin ``alpha - tau`` over the query heads (a KV group is rebuilt if any of its heads
+    zooms). With ``candidates`` > 0 (``SekvConfig.verify_candidates``) the spans it ranks first are then ordered
+    by their exact attention mass from the host factors (``LowRankMassRouter``), ahead of all others."""
 
     score_kind = "trained"
 
     def __init__(self, adapter: "RouterAdapter", path: str = ""):
         self.adapter = adapter
         self.name = f"trained:{path}" if path else "trained"
+        self.sketch = (adapter.spread_rank, adapter.n_centroids, adapter.kmeans_iters)
+        self._sketch: dict[int, dict[str, np.ndarray]] = {}  # per layer: the spans' sketches stacked, {field: [S, ...]}
+        self.candidates = 0
+        self._verify = LowRankMassRouter()
+
+    def configure(self, config: "SekvConfig") -> None:
+        self.candidates = config.verify_candidates
 
     def check(self, model_layers: list[int], n_head: int, n_head_kv: int, head_dim: int) -> None:
         a = self.adapter
@@ -127,19 +146,44 @@ class TrainedRouter(Router):
                                f"dim {a.head_dim}; the model's hooked cache has layers {model_layers} x {n_head} heads "
                                f"({n_head_kv} KV) of dim {head_dim}")
 
-    def alphas(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """alpha [n_spans, n_head] for query [n_head, d] and summary keys [n_spans, n_head_kv, d]."""
+    def sketches_of(self, ikv: int, spans: Sequence[Span]) -> dict[str, np.ndarray]:
+        """The spans' key sketches in layer ``ikv`` stacked, {field: [S, Hkv, ...]}, grown as spans are added."""
+        have = self._sketch.get(ikv)
+        n = 0 if have is None or have["var"].shape[0] > len(spans) else have["var"].shape[0]  # longer: another's
+        if n < len(spans):
+            add = {f: np.stack([getattr(s.sketch[ikv], f) for s in spans[n:]]) for f in KeySketch.FIELDS}
+            self._sketch[ikv] = add if n == 0 else {f: np.concatenate([have[f], add[f]]) for f in KeySketch.FIELDS}
+        return self._sketch[ikv]
+
+    def alphas(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
+               sketch: dict[str, np.ndarray], bounds: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """alpha [n_spans, n_head] for query [n_head, d], summary keys [n_spans, n_head_kv, d], the spans' key
+        sketches (``sketches_of``) and channel-wise key bounds (min, max) [n_spans, n_head_kv, d] each."""
         a = self.adapter
-        w, b = a.w[ikv].astype(np.float64), a.b[ikv].astype(np.float64)  # [H, P, d], [H]
         group = a.n_head // a.n_head_kv
-        proj_q = np.einsum("hpd,hd->hp", w, query.astype(np.float64))  # [H, P]
-        k = keys.astype(np.float64)[:, np.arange(a.n_head) // group, :]  # [S, H, d] each head's KV head
-        proj_k = np.einsum("hpd,shd->shp", w, k)  # [S, H, P]
-        proj_k /= np.maximum(np.linalg.norm(proj_k, axis=2, keepdims=True), 1e-12)
-        z = np.einsum("hp,shp->sh", proj_q, proj_k) / np.sqrt(a.proj_dim) + np.log(lengths)[:, None] + b[None, :]
-        return 1.0 / (1.0 + np.exp(-z))
+        out = np.empty((keys.shape[0], a.n_head))
+        for h in range(a.n_head):
+            kv = h // group
+            f64 = lambda x: np.asarray(x[:, kv], dtype=np.float64)  # noqa: E731  [S, ...] of this KV head
+            sf = SpanFeatures(keys=f64(keys), kmin=f64(bounds[0]), kmax=f64(bounds[1]),
+                              lengths=np.asarray(lengths, np.float64), **{f: f64(sketch[f]) for f in KeySketch.FIELDS})
+            p = Params(w=a.w[ikv][h].astype(np.float64), b=a.b[ikv][h:h + 1].astype(np.float64),
+                       theta=a.theta[ikv][h].astype(np.float64))
+            out[:, h] = student_alphas(p, query[h:h + 1].astype(np.float64), sf)[0]  # [S]
+        return out
 
     def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
               spans: Sequence[Span], bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         tau = self.adapter.tau[ikv].astype(np.float64)  # [H]
-        return (self.alphas(ikv, query, keys, lengths) - tau[None, :]).max(axis=1)  # [n_spans]
+        alpha = self.alphas(ikv, query, keys, lengths, self.sketches_of(ikv, spans), bounds)
+        trained = (alpha - tau[None, :]).max(axis=1)  # [n_spans]
+        if not 0 < self.candidates < len(spans):
+            return trained
+        order = np.argsort(-trained, kind="stable")
+        cand = order[: self.candidates]
+        table = self._verify.table(ikv, spans, keys.shape[1], keys.shape[2])
+        mass = native.span_mass(query, table, cand).max(axis=1)  # [candidates]
+        ranked = np.concatenate([cand[np.argsort(-mass, kind="stable")], order[self.candidates:]])
+        out = np.empty(len(spans))
+        out[ranked] = -np.arange(len(spans), dtype=np.float64)  # candidates by mass first, then the rest
+        return out

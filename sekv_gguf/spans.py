@@ -53,6 +53,7 @@ class Span:
     k_mean: list[np.ndarray] = field(default_factory=list)  # f32 [n_head_kv, d] per layer (routing keys)
     k_min: list[np.ndarray] = field(default_factory=list)   # f32 [n_head_kv, d] per layer: channel-wise min of K
     k_max: list[np.ndarray] = field(default_factory=list)   # f32 [n_head_kv, d] per layer: channel-wise max of K
+    sketch: list["KeySketch"] = field(default_factory=list)  # per layer, for the trained router (empty otherwise)
 
     @property
     def length(self) -> int:
@@ -99,6 +100,92 @@ def factorize(mats: list[np.ndarray], config: SekvConfig) -> list[Factors]:
         vt = np.swapaxes(ui, 1, 2) @ batch[i, :, :length] / si[:, :, None]  # [Hkv, r, d]
         out.append(Factors(us=(ui * si[:, None, :]).astype(np.float16), vt=vt.astype(np.float16), raw=None))
     return out
+
+
+def spread(mats: list[np.ndarray], rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The main directions in which each span's keys spread about their mean, for the trained router. Per span
+    mats[i] f32 [L_i, n_head_kv, d]: the top ``rank`` principal directions ``dirs`` f32 [B, n_head_kv, rank, d], the
+    keys' variance along each ``var`` f32 [B, n_head_kv, rank] (zero where a span has fewer components), and the
+    smallest / largest coordinate of a key along each ``lo``, ``hi`` f32 [B, n_head_kv, rank]. So
+    ``sum_j var_j (q·dir_j)^2`` approximates the variance of the logit q·k_t over the span's tokens, and
+    ``sum_j max(lo_j q·dir_j, hi_j q·dir_j)`` bounds how far above q·mean the best token's logit can reach in that
+    subspace. One stacked ``eigh`` of the centred Gram matrices, as in ``factorize``."""
+    n_head_kv, d = mats[0].shape[1], mats[0].shape[2]
+    lmax = max(m.shape[0] for m in mats)
+    batch = np.zeros((len(mats), n_head_kv, lmax, d), dtype=np.float64)  # [B, Hkv, Lmax, d] centred, zero-padded
+    lengths = np.array([m.shape[0] for m in mats], dtype=np.float64)     # [B]
+    for i, m in enumerate(mats):
+        x = m.astype(np.float64).transpose(1, 0, 2)                       # [Hkv, L, d]
+        batch[i, :, : m.shape[0]] = x - x.mean(axis=1, keepdims=True)
+    w, u = np.linalg.eigh(batch @ batch.transpose(0, 1, 3, 2))            # [B, Hkv, Lmax], [B, Hkv, Lmax, Lmax]
+    k = min(rank, lmax)
+    w, u = np.maximum(w[..., ::-1][..., :k], 0.0), u[..., ::-1][..., :k]  # top k: [B, Hkv, k], [B, Hkv, Lmax, k]
+    s = np.sqrt(w)
+    dirs = np.swapaxes(u, 2, 3) @ batch / np.maximum(s, 1e-30)[..., None]  # [B, Hkv, k, d] unit rows
+    dirs[s < 1e-12] = 0.0
+    coef = u * s[:, :, None, :]                                           # [B, Hkv, Lmax, k] keys' coordinates
+    out_d = np.zeros((len(mats), n_head_kv, rank, d), dtype=np.float32)
+    out_v, out_lo, out_hi = (np.zeros((len(mats), n_head_kv, rank), dtype=np.float32) for _ in range(3))
+    out_d[:, :, :k], out_v[:, :, :k] = dirs, w / lengths[:, None, None]
+    for i, m in enumerate(mats):  # padding rows are not keys: bounds over the span's own rows only
+        c = coef[i, :, : m.shape[0]]                                      # [Hkv, L, k]
+        out_lo[i, :, :k], out_hi[i, :, :k] = c.min(axis=1), c.max(axis=1)
+    return out_d, out_v, out_lo, out_hi
+
+
+def centroids(mats: list[np.ndarray], k: int, iters: int) -> tuple[np.ndarray, np.ndarray]:
+    """k-means of each span's keys, per KV head, for the trained router: per span mats[i] f32 [L_i, n_head_kv, d],
+    centroids ``mu`` f32 [B, n_head_kv, k, d] and the log share of the span's tokens in each ``logw`` f32
+    [B, n_head_kv, k] (-inf for an empty cluster), so ``logsumexp_j (q·mu_j + logw_j) + log|S|`` estimates the
+    span's log attention mass from k rows instead of one. Deterministic: farthest-point seeding from the mean, then
+    ``iters`` Lloyd steps."""
+    n_head_kv, d = mats[0].shape[1], mats[0].shape[2]
+    mu = np.zeros((len(mats), n_head_kv, k, d), dtype=np.float32)
+    logw = np.full((len(mats), n_head_kv, k), -np.inf, dtype=np.float32)
+    for i, m in enumerate(mats):
+        x = m.astype(np.float64).transpose(1, 0, 2)                      # [Hkv, L, d]
+        length = x.shape[1]
+        c = np.empty((n_head_kv, min(k, length), d))                       # [Hkv, k', d]
+        dist = np.sum((x - x.mean(axis=1, keepdims=True)) ** 2, axis=2)   # [Hkv, L]
+        for j in range(c.shape[1]):
+            far = np.argmax(dist, axis=1)                                  # [Hkv]
+            c[:, j] = x[np.arange(n_head_kv), far]
+            dist = np.minimum(dist, np.sum((x - c[:, j:j + 1]) ** 2, axis=2)) if j else \
+                np.sum((x - c[:, :1]) ** 2, axis=2)
+        for _ in range(iters + 1):
+            # [Hkv, L, k'] squared distances -> nearest centroid per token
+            near = np.argmin(np.sum(x * x, 2)[:, :, None] - 2 * x @ c.transpose(0, 2, 1)
+                             + np.sum(c * c, 2)[:, None, :], axis=2)       # [Hkv, L]
+            onehot = near[:, :, None] == np.arange(c.shape[1])[None, None, :]  # [Hkv, L, k']
+            count = onehot.sum(axis=1)                                     # [Hkv, k']
+            c = np.where(count[:, :, None] > 0, np.einsum("hlk,hld->hkd", onehot, x) / np.maximum(count, 1)[:, :, None], c)
+        mu[i, :, : c.shape[1]] = c
+        with np.errstate(divide="ignore"):
+            logw[i, :, : c.shape[1]] = np.log(count / length)
+    return mu, logw
+
+
+@dataclass
+class KeySketch:
+    """What the trained router knows of one span's keys in one layer beyond the summary key (``spread``,
+    ``centroids``): dirs f32 [n_head_kv, r, d]; var, lo, hi f32 [n_head_kv, r]; mu f32 [n_head_kv, c, d];
+    logw f32 [n_head_kv, c]."""
+
+    dirs: np.ndarray
+    var: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    mu: np.ndarray
+    logw: np.ndarray
+
+    FIELDS = ("dirs", "var", "lo", "hi", "mu", "logw")
+
+
+def sketches(mats: list[np.ndarray], rank: int, n_centroids: int, iters: int) -> dict[str, np.ndarray]:
+    """The key sketches of a batch of spans, stacked: {field: [B, ...]} (``KeySketch`` fields)."""
+    dirs, var, lo, hi = spread(mats, rank)
+    mu, logw = centroids(mats, n_centroids, iters)
+    return {"dirs": dirs, "var": var, "lo": lo, "hi": hi, "mu": mu, "logw": logw}
 
 
 def weighted_mean(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from gguf import GGUFReader
 
 from sekv_gguf.adapter import RouterAdapter, model_identity, read_adapter, write_adapter
 from sekv_gguf.errors import AdapterError
+from sekv_gguf.features import N_FEATURES
 
 
 def _adapter(identity, rng, layers=(1,), n_head=4, n_head_kv=2, head_dim=16, proj=8) -> RouterAdapter:
@@ -16,7 +17,10 @@ def _adapter(identity, rng, layers=(1,), n_head=4, n_head_kv=2, head_dim=16, pro
                          proj_dim=proj, w=[rng.standard_normal((n_head, proj, head_dim)).astype(np.float32)
                                            for _ in layers],
                          b=[rng.standard_normal(n_head).astype(np.float32) for _ in layers],
-                         tau=[rng.random(n_head).astype(np.float32) for _ in layers], anchor_alpha=1.25, energy=0.995,
+                         tau=[rng.random(n_head).astype(np.float32) for _ in layers],
+                         theta=[rng.standard_normal((n_head, N_FEATURES)).astype(np.float32) for _ in layers],
+                         spread_rank=4, n_centroids=3, kmeans_iters=2,
+                         anchor_alpha=1.25, energy=0.995,
                          train={"docs": 12, "seed": 0, "loss": 0.125, "commit": "abc"})
 
 
@@ -27,7 +31,8 @@ def test_round_trip_is_bit_identical_and_gguf_readable(tiny_llama, tmp_path):
     path = write_adapter(tmp_path / "r.gguf", a)
     b = read_adapter(path)
     assert b.base == ident and b.layers == [0, 1] and (b.n_head, b.n_head_kv, b.head_dim, b.proj_dim) == (4, 2, 16, 8)
-    for x, y in zip(a.w + a.b + a.tau, b.w + b.b + b.tau):
+    assert (b.spread_rank, b.n_centroids, b.kmeans_iters) == (4, 3, 2)
+    for x, y in zip(a.w + a.b + a.tau + a.theta, b.w + b.b + b.tau + b.theta):
         assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
     assert b.anchor_alpha == pytest.approx(1.25) and b.energy == pytest.approx(0.995)
     assert b.train == {"docs": 12, "seed": 0, "loss": 0.125, "commit": "abc"}
@@ -67,3 +72,33 @@ def test_parameter_share_of_the_default_model_is_under_0_05_percent(gemma_path):
     assert ident.architecture == "gemma3" and ident.n_params > 200_000_000
     a = _adapter(ident, np.random.default_rng(3), layers=(5, 11, 17), n_head=4, n_head_kv=1, head_dim=256, proj=32)
     assert a.param_share < 0.0005, a.param_share
+
+
+def test_the_engine_router_computes_what_the_student_trained(tiny_llama):
+    """TrainedRouter (the decode-time scorer: all heads, grouped KV heads, f32 inputs) and the student's alphas
+    (training: one head, f64) agree."""
+    from sekv_gguf.features import SpanFeatures
+    from sekv_gguf.router import TrainedRouter
+    from sekv_gguf.train.student import Params, alphas
+
+    rng = np.random.default_rng(5)
+    a = _adapter(model_identity(tiny_llama), rng, layers=(0, 1))
+    s, r, c = 9, 4, 3
+    query = rng.standard_normal((4, 16)).astype(np.float32)
+    keys = rng.standard_normal((s, 2, 16)).astype(np.float32)
+    sketch = {"dirs": rng.standard_normal((s, 2, r, 16)), "var": rng.random((s, 2, r)),
+              "lo": -rng.random((s, 2, r)), "hi": rng.random((s, 2, r)), "mu": rng.standard_normal((s, 2, c, 16)),
+              "logw": np.log(rng.dirichlet(np.ones(c), (s, 2)))}
+    sketch = {k: v.astype(np.float32) for k, v in sketch.items()}
+    bounds = (keys - rng.random((s, 2, 16)).astype(np.float32), keys + rng.random((s, 2, 16)).astype(np.float32))
+    lengths = rng.integers(4, 64, s).astype(np.float32)
+    got = TrainedRouter(a).alphas(1, query, keys, lengths, sketch, bounds)  # [S, H]
+    for h in range(4):
+        kv = h // 2
+        f64 = lambda x: x[:, kv].astype(np.float64)  # noqa: E731
+        sf = SpanFeatures(keys=f64(keys), kmin=f64(bounds[0]), kmax=f64(bounds[1]), lengths=lengths.astype(np.float64),
+                          **{k: f64(v) for k, v in sketch.items()})
+        p = Params(w=a.w[1][h].astype(np.float64), b=a.b[1][h:h + 1].astype(np.float64),
+                   theta=a.theta[1][h].astype(np.float64))
+        np.testing.assert_allclose(got[:, h], alphas(p, query[h:h + 1].astype(np.float64), sf)[0], rtol=1e-12)
+    assert not np.allclose(got[:, 0], got[:, 2])  # heads of different KV groups see different spans

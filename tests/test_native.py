@@ -110,7 +110,7 @@ def test_surprisal_equals_numpy_log_softmax():
 
 
 def test_span_mass_equals_numpy_attention_logsumexp():
-    """Raw and factorised spans, grouped query heads: the max over heads of logsumexp_t q·k_t of the rebuilt rows."""
+    """Raw and factorised spans, grouped query heads: per query head, logsumexp_t q·k_t of the rebuilt rows."""
     from sekv_gguf.config import SekvConfig
     from sekv_gguf.spans import factorize
 
@@ -133,8 +133,12 @@ def test_span_mass_equals_numpy_attention_logsumexp():
     for f in factors:
         k = f.rebuild()  # [L, Hkv, d]
         logits = np.einsum("lhd,hgd->hgl", k, q.reshape(n_head_kv, -1, d))  # [Hkv, group, L]
-        want.append(_logsumexp(logits.astype(np.float64)).max())
+        want.append(_logsumexp(logits.astype(np.float64)).reshape(n_head))  # [n_head]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    sub = np.array([7, 2, 2])
+    np.testing.assert_array_equal(native.span_mass(q, table, sub), got[sub])
+    with pytest.raises(NativeError, match="subset"):
+        native.span_mass(q, table, np.array([9]))
     with pytest.raises(NativeError, match="query must be"):
         native.span_mass(q[:, :16], table)
     with pytest.raises(NativeError, match="factors have shapes"):

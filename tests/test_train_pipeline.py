@@ -30,6 +30,10 @@ def test_capture_shapes_masses_and_labels(tiny_llama):
     for ikv in range(n_layer):
         q, l_true, l_rest, y = c[f"q{ikv}"], c[f"l_true{ikv}"], c[f"l_rest{ikv}"], c[f"y{ikv}"]
         assert q.shape[:2] == (6, 4) and l_true.shape == (6, 4, s) and c[f"keys{ikv}"].shape[0] == s
+        dirs, var = c[f"dirs{ikv}"], c[f"var{ikv}"]  # the spans' principal directions of spread, largest first
+        assert dirs.shape == (s, 2, cap.spread_rank, q.shape[2]) and var.shape == (s, 2, cap.spread_rank)
+        assert (var >= 0).all() and (np.diff(var, axis=2) <= 1e-6).all()
+        np.testing.assert_allclose(np.linalg.norm(dirs, axis=3)[var > 1e-9], 1.0, rtol=1e-5)
         share = np.exp(l_true - _lse(np.concatenate([l_true, l_rest[..., None]], axis=2))[..., None])
         np.testing.assert_allclose(share.sum(axis=2), c[f"span_mass{ikv}"], rtol=1e-9)
         covered = (share * y).sum(axis=2) / share.sum(axis=2)  # labelled spans hold >= 90% of the span mass

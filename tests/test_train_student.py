@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from sekv_gguf.train.student import Adam, Batch, LossWeights, alphas, loss_and_grad
+from sekv_gguf.features import SpanFeatures
+from sekv_gguf.spans import sketches
+from sekv_gguf.train.student import Adam, Batch, LossWeights, Params, alphas, loss_and_grad, make_batch
+
+
+def _spans(rng: np.random.Generator, keys: np.ndarray, lengths: np.ndarray, r: int = 3) -> SpanFeatures:
+    """Span features from random token keys around each summary key (f64, one KV head)."""
+    toks = [keys[i] + 0.3 * rng.standard_normal((int(n), 1, keys.shape[1])) for i, n in enumerate(lengths)]
+    sk = {k: v[:, 0].astype(np.float64) for k, v in sketches(toks, r, 3, 2).items()}
+    return SpanFeatures(keys=keys, kmin=np.stack([t[:, 0].min(0) for t in toks]),
+                        kmax=np.stack([t[:, 0].max(0) for t in toks]), lengths=lengths, **sk)
 
 
 def _batch(rng: np.random.Generator, n: int = 12, s: int = 7, d: int = 16) -> Batch:
@@ -16,36 +26,52 @@ def _batch(rng: np.random.Generator, n: int = 12, s: int = 7, d: int = 16) -> Ba
     l_sum = q @ keys.T * 0.3 + np.log(lengths)
     l_rest = rng.standard_normal(n) + 3
     y = (rng.random((n, s)) < 0.3).astype(np.float64)
-    return Batch(q=q, keys=keys, lengths=lengths, l_true=l_true, l_sum=l_sum, l_rest=l_rest, y=y)
+    return make_batch(q, _spans(rng, keys, lengths), l_true=l_true, l_sum=l_sum, l_rest=l_rest, y=y)
 
 
 def test_gradients_match_finite_differences():
     rng = np.random.default_rng(0)
     batch = _batch(rng)
-    w = rng.standard_normal((5, 16)) * 0.3
-    b = 0.2
+    p = Params(w=rng.standard_normal((5, 16)) * 0.3, b=np.array([0.2]), theta=np.array([0.7, 1.3, -0.4, 0.2, 0.9]))
     lw = LossWeights(bce=0.7, pos_weight=4.0, budget=0.3)
-    _, dw, db, _ = loss_and_grad(w, b, batch, lw)
+    _, grads, _ = loss_and_grad(p, batch, lw)
     eps = 1e-6
-    num = np.zeros_like(w)
-    for i in range(w.shape[0]):
-        for j in range(w.shape[1]):
-            wp, wm = w.copy(), w.copy()
-            wp[i, j] += eps
-            wm[i, j] -= eps
-            num[i, j] = (loss_and_grad(wp, b, batch, lw)[0] - loss_and_grad(wm, b, batch, lw)[0]) / (2 * eps)
-    np.testing.assert_allclose(dw, num, rtol=1e-5, atol=1e-8)
-    num_b = (loss_and_grad(w, b + eps, batch, lw)[0] - loss_and_grad(w, b - eps, batch, lw)[0]) / (2 * eps)
-    assert abs(db - num_b) < 1e-6 * max(1.0, abs(num_b))
+    for x, g in zip(p.arrays(), grads.arrays()):
+        num = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            keep = x[idx]
+            x[idx] = keep + eps
+            up = loss_and_grad(p, batch, lw)[0]
+            x[idx] = keep - eps
+            down = loss_and_grad(p, batch, lw)[0]
+            x[idx] = keep
+            num[idx] = (up - down) / (2 * eps)
+        np.testing.assert_allclose(g, num, rtol=1e-5, atol=1e-8)
 
 
 def test_full_zoom_makes_kl_vanish():
     rng = np.random.default_rng(1)
     batch = _batch(rng)
-    w = np.zeros((4, 16))
-    w[0, 0] = 1.0
-    _, _, _, parts = loss_and_grad(w, 60.0, batch, LossWeights(bce=0.0, budget=0.0))  # alpha -> 1 everywhere
+    p = Params.initial(np.zeros((4, 16)))
+    p.b[0] = 60.0  # alpha -> 1 everywhere
+    _, _, parts = loss_and_grad(p, batch, LossWeights(bce=0.0, budget=0.0))
     assert parts["kl"] < 1e-9 and parts["zoomed_share"] > 0.999
+
+
+def test_initial_router_is_the_centroid_mixture_estimate():
+    """W = 0 and the initial feature weights: e_s = logsumexp_j (q·mu_j + log n_j), exact when a span's keys take
+    at most as many distinct values as there are centroids."""
+    rng = np.random.default_rng(4)
+    d, s = 8, 5
+    toks = [rng.standard_normal((2, 1, d))[[0, 1, 1, 0, 1]] for _ in range(s)]  # two distinct keys, 2 and 3 times
+    sk = {k: v[:, 0].astype(np.float64) for k, v in sketches(toks, 2, 2, 3).items()}
+    sf = SpanFeatures(keys=np.stack([t[:, 0].mean(0) for t in toks]), kmin=np.stack([t[:, 0].min(0) for t in toks]),
+                      kmax=np.stack([t[:, 0].max(0) for t in toks]), lengths=np.full(s, 5.0), **sk)
+    q = rng.standard_normal((3, d))
+    a = alphas(Params.initial(np.zeros((2, d))), q, sf)  # b = 0: alpha = sigmoid(log share)
+    true = np.stack([np.log(np.exp(q @ t[:, 0].T).sum(1)) for t in toks], axis=1)  # [3, s] log mass
+    share = np.exp(true - np.log(np.exp(true).sum(1, keepdims=True)))
+    np.testing.assert_allclose(a, 1 / (1 + 1 / share), rtol=1e-6)  # sketches are stored in f32
 
 
 def test_training_learns_the_relevant_span_better_than_training_free():
@@ -67,21 +93,20 @@ def test_training_learns_the_relevant_span_better_than_training_free():
         l_true[:, rel] += 6.0                                  # the relevant span's tokens hold the mass
         y = np.zeros((n, s))
         y[:, rel] = 1.0
-        data.append(Batch(q=q, keys=keys, lengths=np.full(s, 16.0), l_true=l_true, l_sum=l_sum,
-                          l_rest=np.full(n, 2.0), y=y))
-    w = rng.standard_normal((8, d)) * 0.1
-    b = np.zeros(1)
+        data.append(make_batch(q, _spans(rng, keys, np.full(s, 16.0)), l_true=l_true, l_sum=l_sum,
+                               l_rest=np.full(n, 2.0), y=y))
+    p = Params.initial(rng.standard_normal((8, d)) * 0.1)
     lw = LossWeights()
-    opt = Adam([w, b], lr=0.05)
+    opt = Adam(p.arrays(), lr=0.05)
     train, held_out = data[:8], data[8:]
-    first = np.mean([loss_and_grad(w, float(b[0]), x, lw)[0] for x in train])
+    first = np.mean([loss_and_grad(p, x, lw)[0] for x in train])
     for _ in range(150):
         for x in train:
-            _, dw, db, _ = loss_and_grad(w, float(b[0]), x, lw)
-            opt.step([dw, np.array([db])])
-    last = np.mean([loss_and_grad(w, float(b[0]), x, lw)[0] for x in train])
+            _, g, _ = loss_and_grad(p, x, lw)
+            opt.step(g.arrays())
+    last = np.mean([loss_and_grad(p, x, lw)[0] for x in train])
     assert last < 0.5 * first
-    trained = np.mean([np.mean(np.argmax(alphas(w, float(b[0]), x.q, x.keys, x.lengths), axis=1)
+    trained = np.mean([np.mean(np.argmax(alphas(p, x.q, x.spans, x.phi), axis=1)
                                == np.argmax(x.y, axis=1)) for x in held_out])
-    free = np.mean([np.mean(np.argmax(x.q @ x.keys.T, axis=1) == np.argmax(x.y, axis=1)) for x in held_out])
+    free = np.mean([np.mean(np.argmax(x.q @ x.spans.keys.T, axis=1) == np.argmax(x.y, axis=1)) for x in held_out])
     assert trained > free + 0.3, (trained, free)  # measured: 1.00 vs 0.39

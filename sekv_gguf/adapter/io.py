@@ -10,6 +10,7 @@ import numpy as np
 from gguf import GGUFReader, GGUFWriter
 
 from ..errors import AdapterError
+from ..features import N_FEATURES, NAMES
 from . import keys as K
 from .identity import ModelIdentity
 
@@ -27,23 +28,32 @@ class RouterAdapter:
     w: list[np.ndarray]           # per hooked layer f32 [n_head, proj_dim, head_dim]
     b: list[np.ndarray]           # per hooked layer f32 [n_head]
     tau: list[np.ndarray]         # per hooked layer f32 [n_head]
+    theta: list[np.ndarray]       # per hooked layer f32 [n_head, len(features.NAMES)]
+    spread_rank: int              # the key sketch the router reads (spans.sketches)
+    n_centroids: int
+    kmeans_iters: int
     anchor_alpha: float = 1.0
     energy: float = 0.999
     train: dict[str, Any] = field(default_factory=dict)  # provenance (str / int / float values)
 
     def __post_init__(self) -> None:
         n = len(self.layers)
-        if not (len(self.w) == len(self.b) == len(self.tau) == n):
-            raise AdapterError(f"{n} layers but {len(self.w)} / {len(self.b)} / {len(self.tau)} weight sets")
-        for i, (w, b, t) in enumerate(zip(self.w, self.b, self.tau)):
-            if w.shape != (self.n_head, self.proj_dim, self.head_dim) or b.shape != (self.n_head,) or \
-                    t.shape != (self.n_head,):
-                raise AdapterError(f"layer {self.layers[i]}: weights {w.shape}, {b.shape}, {t.shape} do not match "
-                                   f"n_head {self.n_head}, proj_dim {self.proj_dim}, head_dim {self.head_dim}")
+        groups = (self.w, self.b, self.tau, self.theta)
+        if any(len(x) != n for x in groups):
+            raise AdapterError(f"{n} layers but {[len(x) for x in groups]} weight sets")
+        if self.spread_rank < 1 or self.n_centroids < 1 or self.kmeans_iters < 0:
+            raise AdapterError(f"bad key sketch: spread rank {self.spread_rank}, {self.n_centroids} centroids, "
+                               f"{self.kmeans_iters} k-means steps")
+        for i in range(n):
+            shapes = [x[i].shape for x in groups]
+            if shapes != [(self.n_head, self.proj_dim, self.head_dim), (self.n_head,), (self.n_head,),
+                          (self.n_head, N_FEATURES)]:
+                raise AdapterError(f"layer {self.layers[i]}: weights {shapes} do not match n_head {self.n_head}, "
+                                   f"proj_dim {self.proj_dim}, head_dim {self.head_dim}")
 
     @property
     def n_params(self) -> int:
-        return int(sum(w.size + b.size + t.size for w, b, t in zip(self.w, self.b, self.tau)))
+        return int(sum(x.size for group in (self.w, self.b, self.tau, self.theta) for x in group))
 
     @property
     def param_share(self) -> float:
@@ -65,6 +75,10 @@ def write_adapter(path: str | Path, a: RouterAdapter) -> Path:
     w.add_string(K.ADAPTER_TYPE, K.TYPE_SEKV_ROUTER)
     w.add_uint32(K.VERSION, K.FORMAT_VERSION)
     w.add_uint32(K.PROJ_DIM, a.proj_dim)
+    w.add_uint32(K.SPREAD_RANK, a.spread_rank)
+    w.add_uint32(K.N_CENTROIDS, a.n_centroids)
+    w.add_uint32(K.KMEANS_ITERS, a.kmeans_iters)
+    w.add_array(K.FEATURES, list(NAMES))
     w.add_array(K.LAYERS, [int(x) for x in a.layers])
     w.add_uint32(K.N_HEAD, a.n_head)
     w.add_uint32(K.N_HEAD_KV, a.n_head_kv)
@@ -85,15 +99,20 @@ def write_adapter(path: str | Path, a: RouterAdapter) -> Path:
             w.add_int64(key, v)
         else:
             w.add_float64(key, float(v))
-    for layer, wt, b, t in zip(a.layers, a.w, a.b, a.tau):
-        w.add_tensor(K.tensor_w(layer), np.ascontiguousarray(wt, dtype=np.float32))
-        w.add_tensor(K.tensor_b(layer), np.ascontiguousarray(b, dtype=np.float32))
-        w.add_tensor(K.tensor_tau(layer), np.ascontiguousarray(t, dtype=np.float32))
+    for i, layer in enumerate(a.layers):
+        for name, x in _tensors(a, i, layer):
+            w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _tensors(a: RouterAdapter, i: int, layer: int) -> list[tuple[str, np.ndarray]]:
+    """(name, array) of hooked layer ``i`` (model layer ``layer``), in file order."""
+    return [(K.tensor_w(layer), a.w[i]), (K.tensor_b(layer), a.b[i]), (K.tensor_tau(layer), a.tau[i]),
+            (K.tensor_theta(layer), a.theta[i])]
 
 
 def _get(reader: GGUFReader, key: str, path: Path) -> Any:
@@ -127,9 +146,13 @@ def read_adapter(path: str | Path) -> RouterAdapter:
                          n_params=int(_get(reader, K.BASE_N_PARAMS, path)))
     layers = [int(x) for x in _get(reader, K.LAYERS, path)]
     tensors = {t.name: t for t in reader.tensors}
-    ws, bs, taus = [], [], []
+    names = [str(x) for x in _get(reader, K.FEATURES, path)]
+    if names != list(NAMES):
+        raise AdapterError(f"{path}: router features {names}, this sekv_gguf computes {list(NAMES)}")
+    ws, bs, taus, thetas = [], [], [], []
     for layer in layers:
-        for name, out in ((K.tensor_w(layer), ws), (K.tensor_b(layer), bs), (K.tensor_tau(layer), taus)):
+        for name, out in ((K.tensor_w(layer), ws), (K.tensor_b(layer), bs), (K.tensor_tau(layer), taus),
+                          (K.tensor_theta(layer), thetas)):
             if name not in tensors:
                 raise AdapterError(f"{path}: missing tensor {name!r}")
             out.append(np.array(tensors[name].data, dtype=np.float32))  # a copy: the mmap may close
@@ -141,5 +164,9 @@ def read_adapter(path: str | Path) -> RouterAdapter:
     ws = [w.reshape(n_head, proj, head_dim) for w in ws]
     return RouterAdapter(base=base, layers=layers, n_head=n_head, n_head_kv=int(_get(reader, K.N_HEAD_KV, path)),
                          head_dim=head_dim, proj_dim=proj, w=ws, b=[b.reshape(-1) for b in bs],
-                         tau=[t.reshape(-1) for t in taus], anchor_alpha=float(_get(reader, K.ANCHOR_ALPHA, path)),
+                         tau=[t.reshape(-1) for t in taus], theta=[t.reshape(n_head, N_FEATURES) for t in thetas],
+                         spread_rank=int(_get(reader, K.SPREAD_RANK, path)),
+                         n_centroids=int(_get(reader, K.N_CENTROIDS, path)),
+                         kmeans_iters=int(_get(reader, K.KMEANS_ITERS, path)),
+                         anchor_alpha=float(_get(reader, K.ANCHOR_ALPHA, path)),
                          energy=float(_get(reader, K.ENERGY, path)), train=train)

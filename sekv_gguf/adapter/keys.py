@@ -10,6 +10,10 @@ TYPE_SEKV_ROUTER = "sekv_router"
 
 VERSION = "sekv.version"                       # u32, this format's version
 PROJ_DIM = "sekv.proj_dim"                     # u32, P
+SPREAD_RANK = "sekv.spread_rank"               # u32, r: principal directions of each span's keys the router reads
+N_CENTROIDS = "sekv.n_centroids"               # u32, k-means centroids per span (spans.centroids)
+KMEANS_ITERS = "sekv.kmeans_iters"             # u32, their Lloyd steps
+FEATURES = "sekv.features"                     # [str] names of the span features theta weighs (features.NAMES)
 LAYERS = "sekv.layers"                         # [u32] model layer index of each hooked layer
 N_HEAD = "sekv.n_head"                         # u32
 N_HEAD_KV = "sekv.n_head_kv"                   # u32
@@ -26,7 +30,7 @@ BASE_NAME = "sekv.base.name"                   # str
 
 TRAIN_PREFIX = "sekv.train."                   # provenance: sekv.train.<name> (strings and numbers)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: span features (theta) from key sketches
 
 
 def tensor_w(layer: int) -> str:
@@ -42,3 +46,9 @@ def tensor_b(layer: int) -> str:
 def tensor_tau(layer: int) -> str:
     """f32 [n_head] zoom thresholds."""
     return f"blk.{layer}.sekv_router_tau"
+
+
+
+def tensor_theta(layer: int) -> str:
+    """f32 [n_head, n_features] weights of the span features."""
+    return f"blk.{layer}.sekv_router_theta"

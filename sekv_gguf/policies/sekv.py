@@ -30,7 +30,7 @@ from ..errors import BudgetError
 from ..router import ROUTERS, Router
 from ..segment import SentenceEnds, SentenceSegmenter, Segmenter
 from ..session import Session
-from ..spans import Span, factorize, weighted_mean
+from ..spans import KeySketch, Span, factorize, sketches, weighted_mean
 from .base import Policy, pad_cells
 from .transfer import cell_of_position, copy_tokens
 
@@ -59,6 +59,7 @@ class SekvPolicy(Policy):
                  router: Router | None = None, observer: Callable[[Policy], None] | None = None, **_: Any):
         self.config = config = config or SekvConfig()
         self.router = router or ROUTERS[config.router]()
+        self.router.configure(config)
         self.n_context = n_context
         self.budget = config.budget_cells(n_context)
         # nothing ever needs compressing: behave as full KV
@@ -302,6 +303,10 @@ class SekvPolicy(Policy):
                 span.k_mean.append(m)
                 span.k_min.append(kp.min(axis=0))
                 span.k_max.append(kp.max(axis=0))
+            if self.router.sketch is not None:  # the trained router reads a sketch of each span's keys
+                sk = sketches(k_parts, *self.router.sketch)  # {field: [B, Hkv, ...]}
+                for i, span in enumerate(new):
+                    span.sketch.append(KeySketch(**{name: x[i] for name, x in sk.items()}))
             k_sum.append(np.stack(km).reshape(len(groups), -1).astype(np.float16))
             v_sum.append(np.stack(vm).reshape(len(groups), -1).astype(np.float16))
         # the tokens' cells go; one summary cell per span comes (position: the span's last)

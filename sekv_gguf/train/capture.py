@@ -22,22 +22,27 @@ from ..policies.base import Policy, pad_cells
 from ..policies.transfer import cell_of_position
 from ..segment import Segmenter
 from ..session import Session
-from ..spans import weighted_mean
+from ..spans import sketches, weighted_mean
 
 
 @dataclass
 class CaptureConfig:
     """n_queries: decoded positions per document; window: recent tokens kept exact (not in spans);
     min_span_mass: smallest share of a query's attention on spans to keep it; label_mass: share of the span mass
-    the labelled spans cover."""
+    the labelled spans cover; spread_rank: principal directions of each span's keys kept for the student
+    (``spans.spread``); n_centroids, kmeans_iters: ``spans.centroids`` of each span's keys."""
 
     n_queries: int = 48
     window: int = 256
     min_span_mass: float = 0.2
     label_mass: float = 0.9
+    spread_rank: int = 8
+    n_centroids: int = 4
+    kmeans_iters: int = 5
 
     def __post_init__(self) -> None:
-        if self.n_queries < 1 or self.window < 1 or not 0 <= self.min_span_mass < 1 or not 0 < self.label_mass <= 1:
+        if self.n_queries < 1 or self.window < 1 or not 0 <= self.min_span_mass < 1 or not 0 < self.label_mass <= 1 \
+                or self.spread_rank < 1:
             raise ValueError(f"bad capture config {self}")
 
 
@@ -48,8 +53,10 @@ def _lse(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConfig,
             ctx_config: ContextConfig | None = None) -> dict[str, np.ndarray]:
-    """Arrays per hooked layer ``ikv``: q{ikv} [N, H, d], keys{ikv} [S, Hkv, d], l_true{ikv} [N, H, S],
-    l_sum{ikv} [N, H, S], l_rest{ikv} [N, H], y{ikv} [N, H, S]; and lengths [S]."""
+    """Arrays per hooked layer ``ikv``: q{ikv} [N, H, d], keys{ikv} [S, Hkv, d], dirs{ikv} [S, Hkv, r, d],
+    var{ikv}, lo{ikv}, hi{ikv} [S, Hkv, r] (``spans.spread``), kmin{ikv} / kmax{ikv} [S, Hkv, d] (channel-wise), mu{ikv} [S, Hkv, c, d] and logw{ikv}
+    [S, Hkv, c] (``spans.centroids``), l_true{ikv} [N, H, S], l_sum{ikv} [N, H, S], l_rest{ikv} [N, H],
+    y{ikv} [N, H, S]; and lengths [S]."""
     ctx_config = ctx_config or ContextConfig()
     n = len(tokens)
     n_pre = n - cap.n_queries
@@ -109,6 +116,11 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
         result = {k: np.stack(v) for k, v in out.items()}
         for ikv in range(n_layer):
             result[f"keys{ikv}"] = summaries[ikv]
+            parts = [keys_all[ikv][g] for g in spans]
+            for name, x in sketches(parts, cap.spread_rank, cap.n_centroids, cap.kmeans_iters).items():
+                result[f"{name}{ikv}"] = x
+            result[f"kmin{ikv}"] = np.stack([p.min(axis=0) for p in parts]).astype(np.float32)  # [S, Hkv, d]
+            result[f"kmax{ikv}"] = np.stack([p.max(axis=0) for p in parts]).astype(np.float32)
         result["lengths"] = lengths
         result["n_layer"] = np.array(n_layer)
         return result

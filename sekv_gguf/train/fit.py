@@ -11,24 +11,34 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from .student import Adam, Batch, LossWeights, alphas, loss_and_grad
+from ..features import N_FEATURES, SpanFeatures
+from .student import Adam, Batch, LossWeights, Params, alphas, loss_and_grad, make_batch
 
 
 @dataclass
 class TrainConfig:
     """proj_dim: P (smaller when the head is smaller); epochs: passes over the documents; lr: Adam's step;
-    min_span_mass: queries whose spans hold less attention are not trained on; seed: initialisation."""
+    min_span_mass: queries whose spans hold less attention are not trained on; seed, w_init: W starts as
+    w_init * N(0, 1/d)."""
 
     proj_dim: int = 32
     epochs: int = 60
     lr: float = 0.02
     min_span_mass: float = 0.2
     seed: int = 0
+    w_init: float = 0.01
     weights: LossWeights = field(default_factory=LossWeights)
 
     def __post_init__(self) -> None:
-        if self.proj_dim < 1 or self.epochs < 1 or self.lr <= 0:
+        if self.proj_dim < 1 or self.epochs < 1 or self.lr <= 0 or self.w_init < 0:
             raise ValueError(f"bad training config {self}")
+
+
+def span_features(c: dict[str, np.ndarray], ikv: int, kv: int) -> SpanFeatures:
+    """The spans of one capture as the router sees them, for KV head ``kv`` of hooked layer ``ikv``."""
+    f64 = lambda name: c[f"{name}{ikv}"][:, kv].astype(np.float64)  # noqa: E731
+    return SpanFeatures(keys=f64("keys"), dirs=f64("dirs"), var=f64("var"), lo=f64("lo"), hi=f64("hi"),
+                        kmin=f64("kmin"), kmax=f64("kmax"), mu=f64("mu"), logw=f64("logw"), lengths=c["lengths"].astype(np.float64))
 
 
 def head_batches(captures: list[dict[str, np.ndarray]], ikv: int, h: int, min_span_mass: float) -> list[Batch]:
@@ -39,9 +49,9 @@ def head_batches(captures: list[dict[str, np.ndarray]], ikv: int, h: int, min_sp
         keep = c[f"span_mass{ikv}"][:, h] >= min_span_mass  # [N]
         if not keep.any():
             continue
-        out.append(Batch(q=c[f"q{ikv}"][keep, h], keys=c[f"keys{ikv}"][:, h // (n_head // n_head_kv)],
-                         lengths=c["lengths"], l_true=c[f"l_true{ikv}"][keep, h], l_sum=c[f"l_sum{ikv}"][keep, h],
-                         l_rest=c[f"l_rest{ikv}"][keep, h], y=c[f"y{ikv}"][keep, h]))
+        out.append(make_batch(c[f"q{ikv}"][keep, h], span_features(c, ikv, h // (n_head // n_head_kv)),
+                              l_true=c[f"l_true{ikv}"][keep, h], l_sum=c[f"l_sum{ikv}"][keep, h],
+                              l_rest=c[f"l_rest{ikv}"][keep, h], y=c[f"y{ikv}"][keep, h]))
     return out
 
 
@@ -59,18 +69,20 @@ def best_tau(a: np.ndarray, y: np.ndarray) -> float:
 
 def fit(captures: list[dict[str, np.ndarray]], cfg: TrainConfig, checkpoint: Path | None = None,
         progress: bool = True) -> dict[str, Any]:
-    """Train every (layer, head); returns w [n_layer] of [H, P, d], b and tau [n_layer] of [H], and a log."""
+    """Train every (layer, head); returns per hooked layer w [H, P, d], b and tau [H], theta [H, F], and a log."""
     n_layer = int(captures[0]["n_layer"])
     n_head, d = captures[0]["q0"].shape[1], captures[0]["q0"].shape[2]
     proj = min(cfg.proj_dim, d)
     rng = np.random.default_rng(cfg.seed)
-    init = rng.standard_normal((n_layer, n_head, proj, d)) / np.sqrt(d)
-    state = {"w": init, "b": np.zeros((n_layer, n_head)), "tau": np.full((n_layer, n_head), 0.5),
+    # a small start for W: the router begins as the Gaussian mass estimate and learns the match term from there
+    init = rng.standard_normal((n_layer, n_head, proj, d)) * (cfg.w_init / np.sqrt(d))
+    state = {"w": init, "b": np.zeros((n_layer, n_head)), "theta": np.zeros((n_layer, n_head, N_FEATURES)),
+             "tau": np.full((n_layer, n_head), 0.5),
              "done": np.zeros((n_layer, n_head), dtype=bool), "loss0": np.zeros((n_layer, n_head)),
              "loss": np.zeros((n_layer, n_head))}
     if checkpoint is not None and checkpoint.exists():
         saved = np.load(checkpoint)
-        if saved["w"].shape == init.shape:
+        if set(saved.files) == set(state) and saved["w"].shape == init.shape:
             state = {k: saved[k].copy() for k in state}
     t0 = time.perf_counter()
     todo = [(i, h) for i in range(n_layer) for h in range(n_head) if not state["done"][i, h]]
@@ -79,22 +91,22 @@ def fit(captures: list[dict[str, np.ndarray]], cfg: TrainConfig, checkpoint: Pat
         if not batches:
             state["done"][i, h] = True
             continue
-        w, b = state["w"][i, h].copy(), np.zeros(1)
-        opt = Adam([w, b], lr=cfg.lr)
-        state["loss0"][i, h] = np.mean([loss_and_grad(w, 0.0, x, cfg.weights)[0] for x in batches])
+        p = Params.initial(state["w"][i, h])
+        opt = Adam(p.arrays(), lr=cfg.lr)
+        state["loss0"][i, h] = np.mean([loss_and_grad(p, x, cfg.weights)[0] for x in batches])
         for _ in range(cfg.epochs):
             for x in batches:
-                _, dw, db, _ = loss_and_grad(w, float(b[0]), x, cfg.weights)
-                opt.step([dw, np.array([db])])
-        state["loss"][i, h] = np.mean([loss_and_grad(w, float(b[0]), x, cfg.weights)[0] for x in batches])
-        a = np.concatenate([alphas(w, float(b[0]), x.q, x.keys, x.lengths).ravel() for x in batches])
+                _, g, _ = loss_and_grad(p, x, cfg.weights)
+                opt.step(g.arrays())
+        state["loss"][i, h] = np.mean([loss_and_grad(p, x, cfg.weights)[0] for x in batches])
+        a = np.concatenate([alphas(p, x.q, x.spans, x.phi).ravel() for x in batches])
         y = np.concatenate([x.y.ravel() for x in batches])
-        state["w"][i, h], state["b"][i, h], state["tau"][i, h] = w, b[0], best_tau(a, y)
+        state["w"][i, h], state["b"][i, h], state["tau"][i, h] = p.w, p.b[0], best_tau(a, y)
+        state["theta"][i, h] = p.theta
         state["done"][i, h] = True
         if checkpoint is not None:
             np.savez(checkpoint, **state)
-    return {"w": [state["w"][i].astype(np.float32) for i in range(n_layer)],
-            "b": [state["b"][i].astype(np.float32) for i in range(n_layer)],
-            "tau": [state["tau"][i].astype(np.float32) for i in range(n_layer)],
-            "loss_before": float(state["loss0"].mean()), "loss_after": float(state["loss"].mean()),
-            "train_s": time.perf_counter() - t0, "proj_dim": proj}
+    per_layer = {k: [state[k][i].astype(np.float32) for i in range(n_layer)] for k in ("w", "b", "theta", "tau")}
+    return {**per_layer, "loss_before": float(state["loss0"].mean()), "loss_after": float(state["loss"].mean()),
+            "train_s": time.perf_counter() - t0, "proj_dim": proj,
+            "spread_rank": int(captures[0]["var0"].shape[2]), "n_centroids": int(captures[0]["logw0"].shape[2])}

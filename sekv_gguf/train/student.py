@@ -1,16 +1,22 @@
 """The trained router's student model and its loss, in numpy with hand-written gradients.
 
-Per (hooked layer, query head) the router has a projection ``W`` [P, d], a bias ``b`` and a threshold ``tau``:
+Per (hooked layer, query head) the router has a projection ``W`` [P, d], a bias ``b``, feature weights ``theta``
+[F] and a threshold ``tau``. For a query q [d] and span s (summary key k̄_s, length |S_s|, features phi_fs from
+``sekv_gguf.features``: the summary logit and what a sketch of the span's keys adds to it):
 
-    a = W q                       [P]       the query, projected
-    c_s = W k̄_s,  ĉ_s = c_s/|c_s| [S, P]    each span's summary key, projected and normalised
-    z_s = a·ĉ_s / sqrt(P) + log|S_s| + b     [S]
-    alpha_s = sigmoid(z_s)                   zoom when alpha_s > tau
+    g_s = <W q, normalize(W k̄_s)> / sqrt(P)           the reference router's learned match
+    e_s = g_s + sum_f theta_f phi_fs + log|S_s|        estimated log attention mass of the span's tokens
+    z_s = e_s - logsumexp_s' e_s' + b                  (estimated log share among the spans) + bias
+    alpha_s = sigmoid(z_s)                             zoom when alpha_s > tau
 
-Training data for one (layer, head) and one document (``Batch``): queries q [N, d]; span summary keys k̄ [S, d] and
-lengths [S]; and from full attention the log-masses of each span's tokens ``l_true`` [N, S] (logsumexp of the span's
-token logits), of its summary row ``l_sum`` [N, S] (q·k̄ + log|S|: what the span gets when not zoomed) and of the
-always-exact rest of the cache ``l_rest`` [N]; zoom labels ``y`` [N, S] (the spans covering 90% of the mass).
+It starts (W ~ 0, theta = ``features.INITIAL_WEIGHTS``) as the centroid-mixture estimate of
+``log sum_t exp(q·k_t)``; the summary logit alone (``q·k̄ + log|S|``, the training-free ``summary`` router)
+underestimates it by the Jensen gap. Training fits how much of each feature a head needs.
+
+Training data for one (layer, head) and one document (``Batch``): queries q [N, d]; the span features; and from full
+attention the log-masses of each span's tokens ``l_true`` [N, S] (logsumexp of the span's token logits), of its
+summary row ``l_sum`` [N, S] (q·k̄ + log|S|: what the span gets when not zoomed) and of the always-exact rest of the
+cache ``l_rest`` [N]; zoom labels ``y`` [N, S] (the spans covering 90% of the mass).
 
 Loss (mean over queries) = KL(full ‖ mixed) + bce_weight · BCE(alpha, y) (positives weighted ``pos_weight``) +
 budget_weight · (share of span tokens zoomed), where the mixed-resolution attention gives span s the mass
@@ -23,16 +29,40 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..features import INITIAL_WEIGHTS, SpanFeatures, features
+
 
 @dataclass
 class Batch:
     q: np.ndarray        # f64 [N, d]
-    keys: np.ndarray     # f64 [S, d] span summary keys (the head's KV head)
-    lengths: np.ndarray  # f64 [S]
+    spans: SpanFeatures  # the spans as the router sees them (the head's KV head)
+    phi: np.ndarray      # f64 [F, N, S] features(q, spans): fixed, so computed once
     l_true: np.ndarray   # f64 [N, S]
     l_sum: np.ndarray    # f64 [N, S]
     l_rest: np.ndarray   # f64 [N]
     y: np.ndarray        # f64 [N, S] in {0, 1}
+
+
+def make_batch(q: np.ndarray, spans: SpanFeatures, l_true: np.ndarray, l_sum: np.ndarray, l_rest: np.ndarray,
+               y: np.ndarray) -> Batch:
+    return Batch(q=q, spans=spans, phi=features(q, spans), l_true=l_true, l_sum=l_sum, l_rest=l_rest, y=y)
+
+
+@dataclass
+class Params:
+    """One (layer, head)'s trainable router: W [P, d], b [1] and theta [F] (arrays, so Adam updates them in place)."""
+
+    w: np.ndarray
+    b: np.ndarray
+    theta: np.ndarray
+
+    @classmethod
+    def initial(cls, w: np.ndarray) -> "Params":
+        """The Gaussian mass estimate plus the learned match term from ``w``."""
+        return cls(w=w.copy(), b=np.zeros(1), theta=np.array(INITIAL_WEIGHTS, dtype=np.float64))
+
+    def arrays(self) -> list[np.ndarray]:
+        return [self.w, self.b, self.theta]
 
 
 @dataclass
@@ -42,58 +72,73 @@ class LossWeights:
     budget: float = 0.05
 
 
-def alphas(w: np.ndarray, b: float, q: np.ndarray, keys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """alpha [N, S] for queries q [N, d] and span keys [S, d] (see the module docstring)."""
-    p = w.shape[0]
-    a = q @ w.T                                                   # [N, P]
-    c = keys @ w.T                                                # [S, P]
-    chat = c / np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12)
-    z = a @ chat.T / np.sqrt(p) + np.log(lengths)[None, :] + b   # [N, S]
-    return 1.0 / (1.0 + np.exp(-z))
+@dataclass
+class _Forward:
+    a: np.ndarray      # [N, P]  W q
+    chat: np.ndarray   # [S, P]  normalize(W k̄)
+    nc: np.ndarray     # [S, 1]  |W k̄|
+    soft: np.ndarray   # [N, S]  softmax_s e_s
+    alpha: np.ndarray  # [N, S]
 
 
-def loss_and_grad(w: np.ndarray, b: float, batch: Batch, lw: LossWeights) -> tuple[float, np.ndarray, float, dict]:
-    """Loss of one batch and its gradients with respect to W [P, d] and b; parts of the loss in a dict."""
-    p = w.shape[0]
-    q, keys, n_q = batch.q, batch.keys, batch.q.shape[0]
-    a = q @ w.T                                                   # [N, P]
-    c = keys @ w.T                                                # [S, P]
+def _forward(p: Params, q: np.ndarray, keys: np.ndarray, phi: np.ndarray, lengths: np.ndarray) -> _Forward:
+    n_p = p.w.shape[0]
+    a = q @ p.w.T                                                   # [N, P]
+    c = keys @ p.w.T                                                # [S, P]
     nc = np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12)  # [S, 1]
-    chat = c / nc                                                 # [S, P]
-    z = a @ chat.T / np.sqrt(p) + np.log(batch.lengths)[None, :] + b  # [N, S]
-    alpha = 1.0 / (1.0 + np.exp(-z))
-    alpha = np.clip(alpha, 1e-12, 1 - 1e-12)
+    chat = c / nc                                                   # [S, P]
+    e = a @ chat.T / np.sqrt(n_p) + np.tensordot(p.theta, phi, axes=1) + np.log(lengths)[None, :]  # [N, S]
+    top = e.max(axis=1, keepdims=True)
+    soft = np.exp(e - top)
+    total = soft.sum(axis=1, keepdims=True)
+    z = e - (top + np.log(total)) + p.b[0]                          # [N, S]
+    return _Forward(a=a, chat=chat, nc=nc, soft=soft / total, alpha=1.0 / (1.0 + np.exp(-z)))
+
+
+def alphas(p: Params, q: np.ndarray, spans: SpanFeatures, phi: np.ndarray | None = None) -> np.ndarray:
+    """alpha [N, S] for queries q [N, d] (see the module docstring); ``phi``: features(q, spans) if known."""
+    phi = features(q, spans) if phi is None else phi
+    return _forward(p, q, spans.keys, phi, spans.lengths).alpha
+
+
+def loss_and_grad(p: Params, batch: Batch, lw: LossWeights) -> tuple[float, Params, dict]:
+    """Loss of one batch, its gradients (a ``Params`` of the same shapes) and the parts of the loss."""
+    n_p = p.w.shape[0]
+    q, keys, lengths, n_q = batch.q, batch.spans.keys, batch.spans.lengths, batch.q.shape[0]
+    f = _forward(p, q, keys, batch.phi, lengths)
+    alpha = np.clip(f.alpha, 1e-12, 1 - 1e-12)
 
     # mixed-resolution attention over (rest, spans), in a shifted exponent space per query
-    m = np.maximum(np.maximum(batch.l_true.max(axis=1), batch.l_sum.max(axis=1)), batch.l_rest)[:, None]  # [N, 1]
-    et, es = np.exp(batch.l_true - m), np.exp(batch.l_sum - m)  # [N, S]
-    e0 = np.exp(batch.l_rest[:, None] - m)                      # [N, 1]
-    e = alpha * et + (1 - alpha) * es                           # [N, S]
-    z_mix = e0 + e.sum(axis=1, keepdims=True)                   # [N, 1]
+    mx = np.maximum(np.maximum(batch.l_true.max(axis=1), batch.l_sum.max(axis=1)), batch.l_rest)[:, None]  # [N, 1]
+    et, es = np.exp(batch.l_true - mx), np.exp(batch.l_sum - mx)  # [N, S]
+    e0 = np.exp(batch.l_rest[:, None] - mx)                       # [N, 1]
+    e = alpha * et + (1 - alpha) * es                             # [N, S]
+    z_mix = e0 + e.sum(axis=1, keepdims=True)                     # [N, 1]
     z_full = e0 + et.sum(axis=1, keepdims=True)
-    t, t0 = et / z_full, e0 / z_full                            # teacher shares [N, S], [N, 1]
+    t, t0 = et / z_full, e0 / z_full                              # teacher shares [N, S], [N, 1]
     kl = (np.sum(t * (np.log(np.maximum(t, 1e-300)) - np.log(e / z_mix)), axis=1)
           + (t0 * (np.log(np.maximum(t0, 1e-300)) - np.log(e0 / z_mix)))[:, 0])  # [N]
-    d_alpha = (et - es) * (1.0 / z_mix - t / e)                # dKL/dalpha [N, S]
+    d_alpha = (et - es) * (1.0 / z_mix - t / e)                  # dKL/dalpha [N, S]
 
     y, wpos = batch.y, lw.pos_weight
     bce = -(wpos * y * np.log(alpha) + (1 - y) * np.log(1 - alpha))  # [N, S]
     d_z_bce = -wpos * y * (1 - alpha) + (1 - y) * alpha             # dBCE/dz [N, S]
-    share = batch.lengths / batch.lengths.sum()                     # [S]
+    share = lengths / lengths.sum()                     # [S]
     budget = alpha @ share                                          # [N] share of span tokens zoomed
     d_alpha = d_alpha + lw.budget * share[None, :]
 
-    s = keys.shape[0]
+    n_s = keys.shape[0]
     loss = float(kl.mean() + lw.bce * bce.mean() + lw.budget * budget.mean())
-    dz = (d_alpha * alpha * (1 - alpha)) / n_q + lw.bce * d_z_bce / (n_q * s)  # [N, S]
-    dg = dz / np.sqrt(p)                                        # d loss / d (a·ĉ) [N, S]
-    db = float(dz.sum())
-    da = dg @ chat                                              # [N, P]
-    dchat = dg.T @ a                                            # [S, P]
-    dc = (dchat - chat * np.sum(dchat * chat, axis=1, keepdims=True)) / nc  # through the normalisation [S, P]
-    dw = da.T @ q + dc.T @ keys                                 # [P, d]
+    dz = (d_alpha * alpha * (1 - alpha)) / n_q + lw.bce * d_z_bce / (n_q * n_s)  # [N, S]
+    de = dz - f.soft * dz.sum(axis=1, keepdims=True)               # through the logsumexp [N, S]
+    dg = de / np.sqrt(n_p)                                          # d loss / d (a·ĉ) [N, S]
+    da = dg @ f.chat                                                # [N, P]
+    dchat = dg.T @ f.a                                              # [S, P]
+    dc = (dchat - f.chat * np.sum(dchat * f.chat, axis=1, keepdims=True)) / f.nc  # through the normalisation
+    grads = Params(w=da.T @ q + dc.T @ keys,                        # [P, d]
+                   b=np.array([dz.sum()]), theta=np.tensordot(batch.phi, de, axes=([1, 2], [0, 1])))  # [F]
     parts = {"kl": float(kl.mean()), "bce": float(bce.mean()), "zoomed_share": float(budget.mean())}
-    return loss, dw, db, parts
+    return loss, grads, parts
 
 
 class Adam:

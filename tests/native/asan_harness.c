@@ -104,10 +104,12 @@ int main(void) {
     const uint16_t * pa[2] = { raw, us };
     const uint16_t * pb[2] = { raw, vt };
     const uint16_t * pnull[2] = { raw, NULL };
-    float ms[2];
+    float ms[4];                                            /* [span, head] */
     EXPECT(sekv_span_mass(qm, 2, 1, 4, 2, ln, rk, pa, pb, ms) == SEKV_N_OK);
-    EXPECT(fabsf(ms[0] - (2.0f + logf(3.0f))) < 1e-5f);      /* head 1: logits 2, 2, 2 */
-    EXPECT(fabsf(ms[1] - logf(expf(1.0f) + expf(2.0f))) < 1e-5f);  /* head 1: 2*0.5*1, 2*0.5*2 */
+    EXPECT(fabsf(ms[0] - (1.0f + logf(3.0f))) < 1e-5f);      /* head 0: logits 1, 1, 1 */
+    EXPECT(fabsf(ms[1] - (2.0f + logf(3.0f))) < 1e-5f);      /* head 1: logits 2, 2, 2 */
+    EXPECT(fabsf(ms[2] - logf(expf(0.5f) + expf(1.0f))) < 1e-5f);  /* head 0: 0.5*1, 0.5*2 */
+    EXPECT(fabsf(ms[3] - logf(expf(1.0f) + expf(2.0f))) < 1e-5f);  /* head 1: 2*0.5*1, 2*0.5*2 */
     EXPECT(sekv_span_mass(qm, 2, 1, 4, 2, ln, rk_bad, pa, pb, ms) == SEKV_N_ERR_SIZE);   /* rank > len */
     EXPECT(sekv_span_mass(qm, 3, 2, 4, 2, ln, rk, pa, pb, ms) == SEKV_N_ERR_SIZE);      /* heads not grouped */
     EXPECT(sekv_span_mass(qm, 2, 1, 4, 2, ln, rk, pa, pnull, ms) == SEKV_N_ERR_NULL);
