@@ -266,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--training-free", action="store_true", help="sekv with the training-free router")
     ev.add_argument("--router", choices=["mass", "summary", "bound", "centroid"],
                     help="sekv's training-free score (default mass); other scores are reported as sekv-<score>")
+    ev.add_argument("--verify-candidates", type=int,
+                    help="spans the trained router proposes per layer for exact-mass ordering (default "
+                         f"{SekvConfig.verify_candidates}; 0: the trained score alone, reported as sekv-trained-only)")
     ev.set_defaults(func=cmd_eval)
 
     tr = sub.add_parser("train", help="distil the zoom-in router from full attention into a GGUF adapter")
@@ -299,7 +302,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = EvalConfig(policies=tuple(args.policies), budgets=tuple(args.budgets), tasks=tuple(args.tasks),
                      lengths=tuple(args.lengths), samples=args.samples, haystacks=tuple(args.haystacks),
                      n_predict=args.n_predict, fidelity_docs=args.fidelity_docs, fidelity_steps=args.fidelity_steps,
-                     seed=args.seed, adapter=args.adapter, sekv={"router": args.router} if args.router else {})
+                     seed=args.seed, adapter=args.adapter,
+                     sekv={k: v for k, v in (("router", args.router), ("verify_candidates", args.verify_candidates))
+                           if v is not None})
     path = _model_path(args.model)
     ctx_config = ContextConfig(verbose=args.verbose, n_threads=args.threads)
     model = load_model(path, ctx_config)

@@ -102,3 +102,37 @@ def test_the_engine_router_computes_what_the_student_trained(tiny_llama):
                    theta=a.theta[1][h].astype(np.float64))
         np.testing.assert_allclose(got[:, h], alphas(p, query[h:h + 1].astype(np.float64), sf)[0], rtol=1e-12)
     assert not np.allclose(got[:, 0], got[:, 2])  # heads of different KV groups see different spans
+
+
+def test_trained_proposals_are_ordered_by_exact_mass(tiny_llama):
+    """verify_candidates: the trained router's top spans come first, in the order of their exact attention mass from
+    the host rows; the other spans follow in trained order."""
+    from sekv_gguf import native
+    from sekv_gguf.config import SekvConfig
+    from sekv_gguf.router import TrainedRouter
+    from sekv_gguf.spans import KeySketch, Span, factorize, sketches
+
+    rng = np.random.default_rng(6)
+    a = _adapter(model_identity(tiny_llama), rng, layers=(0,))
+    mats = [rng.standard_normal((int(n), 2, 16)).astype(np.float32) for n in rng.integers(4, 20, 10)]
+    spans = []
+    sk = sketches(mats, a.spread_rank, a.n_centroids, a.kmeans_iters)
+    for i, (m, f) in enumerate(zip(mats, factorize(mats, SekvConfig()))):
+        spans.append(Span(id=i, positions=np.arange(m.shape[0], dtype=np.int32), summary_cell=-1, k=[f],
+                          sketch=[KeySketch(**{k: v[i] for k, v in sk.items()})]))
+    keys = np.stack([m.mean(0) for m in mats])
+    bounds = (np.stack([m.min(0) for m in mats]), np.stack([m.max(0) for m in mats]))
+    lengths = np.array([m.shape[0] for m in mats], dtype=np.float32)
+    query = rng.standard_normal((4, 16)).astype(np.float32)
+    router = TrainedRouter(a)
+    router.configure(SekvConfig(verify_candidates=0))
+    trained = router.score(0, query, keys, lengths, spans, bounds)
+    router.configure(SekvConfig(verify_candidates=4))
+    got = np.argsort(-router.score(0, query, keys, lengths, spans, bounds), kind="stable")
+    first = np.argsort(-trained, kind="stable")
+    table = native.SpanTable(2, 16)
+    for s in spans:
+        table.append(s.length, s.k[0].raw, s.k[0].us, s.k[0].vt)
+    mass = native.span_mass(query, table).max(axis=1)
+    assert set(got[:4]) == set(first[:4]) and list(got[4:]) == list(first[4:])
+    assert list(got[:4]) == sorted(first[:4], key=lambda s: -mass[s]) != list(first[:4])  # the order changed

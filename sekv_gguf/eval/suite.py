@@ -99,7 +99,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
         if name != "sekv":
             return name
         if router is not None:
-            return "sekv-trained"
+            return "sekv-trained-only" if cfg.sekv.get("verify_candidates") == 0 else "sekv-trained"
         score = cfg.sekv.get("router", SekvConfig.router)
         return name if score == SekvConfig.router else f"sekv-{score}"
 
