@@ -1,9 +1,11 @@
 """Offline check of a router on captured teacher data (``python -m sekv_gguf train`` caches it): for every captured
 query with enough span mass, the share of its span attention mass held by the ``--top`` spans each score ranks
-first — the trained router's alpha; training-free scores from the same features (``sekv_gguf.features``): the
-summary logit ``q·k̄ + log|S|`` (the ``summary`` router), the Gaussian mass estimate ``q·k̄ + v/2 + log|S|``, the k-means centroid mixture (where training starts), the principal-box and channel-wise (Quest) upper bounds of the best token's logit + log|S|; and
-the span mass (the default ``mass`` router's score, exact up to the stored rank). With ``--holdout K`` the router is also retrained on all but the last K documents and scored on
-those.
+first. Scores: the trained router's alpha; ``cascade@K``, its K best spans ordered by their exact mass (what the
+engine does with ``verify_candidates``); training-free scores from the same features (``sekv_gguf.features``) —
+the summary logit ``q·k̄ + log|S|`` (the ``summary`` router), the Gaussian estimate ``q·k̄ + v + log|S|``, the
+k-means centroid mixture (where training starts), the principal-box and channel-wise (Quest) bounds + log|S|; and
+the span mass (the default ``mass`` router's score, exact up to the stored rank). With ``--holdout K`` the router
+is also retrained on all but the last K documents and scored on those.
 
     .venv/bin/python scripts/router_offline.py ~/.cache/sekv_gguf/train/<key> bench/gemma3-270m-router.gguf
 """
