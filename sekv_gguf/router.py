@@ -95,6 +95,21 @@ class LowRankMassRouter(Router):
         table = self.table(ikv, spans, keys.shape[1], keys.shape[2])
         return native.span_mass(query, table).max(axis=1)  # [n_spans, n_head] -> [n_spans]
 
+    def verify(self, ikv: int, query: np.ndarray, keys: np.ndarray, spans: Sequence[Span], proposed: np.ndarray,
+               candidates: int) -> np.ndarray:
+        """Scores [n_spans] that put the ``candidates`` best spans of another score ``proposed`` first, ordered by
+        their mass (computed for those spans only), then the rest in proposed order; ``proposed`` itself when
+        ``candidates`` is 0 or covers every span."""
+        if not 0 < candidates < len(spans):
+            return proposed
+        order = np.argsort(-proposed, kind="stable")
+        cand = order[:candidates]
+        mass = native.span_mass(query, self.table(ikv, spans, keys.shape[1], keys.shape[2]), cand).max(axis=1)
+        ranked = np.concatenate([cand[np.argsort(-mass, kind="stable")], order[candidates:]])
+        out = np.empty(len(spans))
+        out[ranked] = -np.arange(len(spans), dtype=np.float64)  # [n_spans] rank as score
+        return out
+
 
 class BoundRouter(Router):
     """Quest-style upper bound of the best token logit in a span: ``sum_d max(q_d kmin_d, q_d kmax_d)`` from the
@@ -177,13 +192,4 @@ class TrainedRouter(Router):
         tau = self.adapter.tau[ikv].astype(np.float64)  # [H]
         alpha = self.alphas(ikv, query, keys, lengths, self.sketches_of(ikv, spans), bounds)
         trained = (alpha - tau[None, :]).max(axis=1)  # [n_spans]
-        if not 0 < self.candidates < len(spans):
-            return trained
-        order = np.argsort(-trained, kind="stable")
-        cand = order[: self.candidates]
-        table = self._verify.table(ikv, spans, keys.shape[1], keys.shape[2])
-        mass = native.span_mass(query, table, cand).max(axis=1)  # [candidates]
-        ranked = np.concatenate([cand[np.argsort(-mass, kind="stable")], order[self.candidates:]])
-        out = np.empty(len(spans))
-        out[ranked] = -np.arange(len(spans), dtype=np.float64)  # candidates by mass first, then the rest
-        return out
+        return self._verify.verify(ikv, query, keys, spans, trained, self.candidates)
