@@ -136,3 +136,13 @@ def test_trained_proposals_are_ordered_by_exact_mass(tiny_llama):
     mass = native.span_mass(query, table).max(axis=1)
     assert set(got[:4]) == set(first[:4]) and list(got[4:]) == list(first[4:])
     assert list(got[:4]) == sorted(first[:4], key=lambda s: -mass[s]) != list(first[:4])  # the order changed
+
+
+def test_an_adapter_of_another_format_version_is_refused(tiny_llama, tmp_path, monkeypatch):
+    import sekv_gguf.adapter.keys as K
+
+    monkeypatch.setattr(K, "FORMAT_VERSION", 1)  # written as the format-1 files of the first router were
+    path = write_adapter(tmp_path / "old.gguf", _adapter(model_identity(tiny_llama), np.random.default_rng(7)))
+    monkeypatch.undo()
+    with pytest.raises(AdapterError, match="format version 1, this sekv_gguf reads 2"):
+        read_adapter(path)
