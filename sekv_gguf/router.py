@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from . import native
-from .features import SpanFeatures
+from .features import SpanFeatures, features
 from .spans import KeySketch, Span
 from .train.student import Params, alphas as student_alphas
 
@@ -145,7 +145,8 @@ class TrainedRouter(Router):
         self.adapter = adapter
         self.name = f"trained:{path}" if path else "trained"
         self.sketch = (adapter.spread_rank, adapter.n_centroids, adapter.kmeans_iters)
-        self._sketch: dict[int, dict[str, np.ndarray]] = {}  # per layer: the spans' sketches stacked, {field: [S, ...]}
+        # per layer: the spans' sketches stacked in f64 (what the features compute in), {field: [S, Hkv, ...]}
+        self._sketch: dict[int, dict[str, np.ndarray]] = {}
         self.candidates = 0
         self._verify = LowRankMassRouter()
 
@@ -166,7 +167,8 @@ class TrainedRouter(Router):
         have = self._sketch.get(ikv)
         n = 0 if have is None or have["var"].shape[0] > len(spans) else have["var"].shape[0]  # longer: another's
         if n < len(spans):
-            add = {f: np.stack([getattr(s.sketch[ikv], f) for s in spans[n:]]) for f in KeySketch.FIELDS}
+            add = {f: np.stack([getattr(s.sketch[ikv], f) for s in spans[n:]]).astype(np.float64)
+                   for f in KeySketch.FIELDS}
             self._sketch[ikv] = add if n == 0 else {f: np.concatenate([have[f], add[f]]) for f in KeySketch.FIELDS}
         return self._sketch[ikv]
 
@@ -176,15 +178,18 @@ class TrainedRouter(Router):
         sketches (``sketches_of``) and channel-wise key bounds (min, max) [n_spans, n_head_kv, d] each."""
         a = self.adapter
         group = a.n_head // a.n_head_kv
+        q = query.astype(np.float64)                                      # [H, d]
         out = np.empty((keys.shape[0], a.n_head))
-        for h in range(a.n_head):
-            kv = h // group
+        for kv in range(a.n_head_kv):  # the spans and features of a KV head serve all its query heads
             f64 = lambda x: np.asarray(x[:, kv], dtype=np.float64)  # noqa: E731  [S, ...] of this KV head
-            sf = SpanFeatures(keys=f64(keys), kmin=f64(bounds[0]), kmax=f64(bounds[1]),
-                              lengths=np.asarray(lengths, np.float64), **{f: f64(sketch[f]) for f in KeySketch.FIELDS})
-            p = Params(w=a.w[ikv][h].astype(np.float64), b=a.b[ikv][h:h + 1].astype(np.float64),
-                       theta=a.theta[ikv][h].astype(np.float64))
-            out[:, h] = student_alphas(p, query[h:h + 1].astype(np.float64), sf)[0]  # [S]
+            sf = SpanFeatures(keys=f64(keys), kmin=f64(bounds[0]), kmax=f64(bounds[1]), lengths=lengths.astype(np.float64),
+                              **{f: sketch[f][:, kv] for f in KeySketch.FIELDS})
+            heads = range(kv * group, (kv + 1) * group)
+            phi = features(q[heads.start:heads.stop], sf)                 # [F, group, S]
+            for j, h in enumerate(heads):
+                p = Params(w=a.w[ikv][h].astype(np.float64), b=a.b[ikv][h:h + 1].astype(np.float64),
+                           theta=a.theta[ikv][h].astype(np.float64))
+                out[:, h] = student_alphas(p, q[h:h + 1], sf, phi[:, j:j + 1])[0]  # [S]
         return out
 
     def score(self, ikv: int, query: np.ndarray, keys: np.ndarray, lengths: np.ndarray,
