@@ -4,9 +4,9 @@
 For one query q [d] of one head and span s (of that head's KV head):
 
     m_s     = q·k̄_s                                   the summary row's logit
-    v_s     = sum_j var_sj (q·u_sj)^2 / 2               half the variance of the span's token logits in its top-r
-                                                        principal subspace (``spans.spread``): the second-order
-                                                        (Gaussian) term of log mean_t exp(q·k_t) - q·k̄
+    v_s     = sum_j var_sj (q·u_sj)^2 / 2               half the variance of the span's token logits in its
+                                                        top-r principal subspace (``spans.spread``): the
+                                                        second-order (Gaussian) term of log mean_t exp(q·k_t) - q·k̄
     box_s   = sum_j max(lo_sj q·u_sj, hi_sj q·u_sj)     how far above q·k̄ a token's logit can reach in that subspace
     quest_s = sum_c max(q_c kmin_sc, q_c kmax_sc) - m_s how far above q·k̄ it can reach by the channel-wise bounds
                                                         (Quest's bound)

@@ -182,8 +182,8 @@ class TrainedRouter(Router):
         out = np.empty((keys.shape[0], a.n_head))
         for kv in range(a.n_head_kv):  # the spans and features of a KV head serve all its query heads
             f64 = lambda x: np.asarray(x[:, kv], dtype=np.float64)  # noqa: E731  [S, ...] of this KV head
-            sf = SpanFeatures(keys=f64(keys), kmin=f64(bounds[0]), kmax=f64(bounds[1]), lengths=lengths.astype(np.float64),
-                              **{f: sketch[f][:, kv] for f in KeySketch.FIELDS})
+            sf = SpanFeatures(keys=f64(keys), kmin=f64(bounds[0]), kmax=f64(bounds[1]),
+                              lengths=lengths.astype(np.float64), **{f: sketch[f][:, kv] for f in KeySketch.FIELDS})
             heads = range(kv * group, (kv + 1) * group)
             phi = features(q[heads.start:heads.stop], sf)                 # [F, group, S]
             for j, h in enumerate(heads):

@@ -150,15 +150,16 @@ def centroids(mats: list[np.ndarray], k: int, iters: int) -> tuple[np.ndarray, n
         for j in range(c.shape[1]):
             far = np.argmax(dist, axis=1)                                  # [Hkv]
             c[:, j] = x[np.arange(n_head_kv), far]
-            dist = np.minimum(dist, np.sum((x - c[:, j:j + 1]) ** 2, axis=2)) if j else \
-                np.sum((x - c[:, :1]) ** 2, axis=2)
+            to_new = np.sum((x - c[:, j:j + 1]) ** 2, axis=2)            # [Hkv, L]
+            dist = to_new if j == 0 else np.minimum(dist, to_new)         # to the nearest centroid so far
         for _ in range(iters + 1):
             # [Hkv, L, k'] squared distances -> nearest centroid per token
             near = np.argmin(np.sum(x * x, 2)[:, :, None] - 2 * x @ c.transpose(0, 2, 1)
                              + np.sum(c * c, 2)[:, None, :], axis=2)       # [Hkv, L]
             onehot = near[:, :, None] == np.arange(c.shape[1])[None, None, :]  # [Hkv, L, k']
             count = onehot.sum(axis=1)                                     # [Hkv, k']
-            c = np.where(count[:, :, None] > 0, np.einsum("hlk,hld->hkd", onehot, x) / np.maximum(count, 1)[:, :, None], c)
+            means = np.einsum("hlk,hld->hkd", onehot, x) / np.maximum(count, 1)[:, :, None]  # [Hkv, k', d]
+            c = np.where(count[:, :, None] > 0, means, c)                  # an empty cluster keeps its centroid
         mu[i, :, : c.shape[1]] = c
         with np.errstate(divide="ignore"):
             logw[i, :, : c.shape[1]] = np.log(count / length)

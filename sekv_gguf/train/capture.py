@@ -42,7 +42,7 @@ class CaptureConfig:
 
     def __post_init__(self) -> None:
         if self.n_queries < 1 or self.window < 1 or not 0 <= self.min_span_mass < 1 or not 0 < self.label_mass <= 1 \
-                or self.spread_rank < 1:
+                or self.spread_rank < 1 or self.n_centroids < 1 or self.kmeans_iters < 0:
             raise ValueError(f"bad capture config {self}")
 
 
@@ -54,9 +54,9 @@ def _lse(x: np.ndarray, axis: int = -1) -> np.ndarray:
 def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConfig,
             ctx_config: ContextConfig | None = None) -> dict[str, np.ndarray]:
     """Arrays per hooked layer ``ikv``: q{ikv} [N, H, d], keys{ikv} [S, Hkv, d], dirs{ikv} [S, Hkv, r, d],
-    var{ikv}, lo{ikv}, hi{ikv} [S, Hkv, r] (``spans.spread``), kmin{ikv} / kmax{ikv} [S, Hkv, d] (channel-wise), mu{ikv} [S, Hkv, c, d] and logw{ikv}
-    [S, Hkv, c] (``spans.centroids``), l_true{ikv} [N, H, S], l_sum{ikv} [N, H, S], l_rest{ikv} [N, H],
-    y{ikv} [N, H, S]; and lengths [S]."""
+    var{ikv}, lo{ikv}, hi{ikv} [S, Hkv, r] (``spans.spread``), kmin{ikv} / kmax{ikv} [S, Hkv, d] (channel-wise),
+    mu{ikv} [S, Hkv, c, d] and logw{ikv} [S, Hkv, c] (``spans.centroids``), l_true{ikv} [N, H, S], l_sum{ikv}
+    [N, H, S], l_rest{ikv} [N, H], y{ikv} [N, H, S]; and lengths [S]."""
     ctx_config = ctx_config or ContextConfig()
     n = len(tokens)
     n_pre = n - cap.n_queries

@@ -38,7 +38,8 @@ def span_features(c: dict[str, np.ndarray], ikv: int, kv: int) -> SpanFeatures:
     """The spans of one capture as the router sees them, for KV head ``kv`` of hooked layer ``ikv``."""
     f64 = lambda name: c[f"{name}{ikv}"][:, kv].astype(np.float64)  # noqa: E731
     return SpanFeatures(keys=f64("keys"), dirs=f64("dirs"), var=f64("var"), lo=f64("lo"), hi=f64("hi"),
-                        kmin=f64("kmin"), kmax=f64("kmax"), mu=f64("mu"), logw=f64("logw"), lengths=c["lengths"].astype(np.float64))
+                        kmin=f64("kmin"), kmax=f64("kmax"), mu=f64("mu"), logw=f64("logw"),
+                        lengths=c["lengths"].astype(np.float64))
 
 
 def head_batches(captures: list[dict[str, np.ndarray]], ikv: int, h: int, min_span_mass: float) -> list[Batch]:
@@ -74,7 +75,7 @@ def fit(captures: list[dict[str, np.ndarray]], cfg: TrainConfig, checkpoint: Pat
     n_head, d = captures[0]["q0"].shape[1], captures[0]["q0"].shape[2]
     proj = min(cfg.proj_dim, d)
     rng = np.random.default_rng(cfg.seed)
-    # a small start for W: the router begins as the Gaussian mass estimate and learns the match term from there
+    # a small start for W: the router begins as the centroid-mixture mass estimate and learns the match term
     init = rng.standard_normal((n_layer, n_head, proj, d)) * (cfg.w_init / np.sqrt(d))
     state = {"w": init, "b": np.zeros((n_layer, n_head)), "theta": np.zeros((n_layer, n_head, N_FEATURES)),
              "tau": np.full((n_layer, n_head), 0.5),
