@@ -64,102 +64,11 @@ static inline uint16_t sekv_float_to_half(float f) {
     return (uint16_t) (sign | r);
 }
 
-/* n rows of row_bytes must fit in ptrdiff_t */
-static int32_t sekv_check_rows(int64_t rows, int64_t row_bytes) {
-    if (rows < 0 || row_bytes <= 0) {
-        return SEKV_N_ERR_SIZE;
-    }
-    if (rows > 0 && row_bytes > (int64_t) (PTRDIFF_MAX / rows)) {
-        return SEKV_N_ERR_SIZE;
-    }
-    return SEKV_N_OK;
-}
-
-/* shared checks of gather/scatter: idx indexes a buffer of n_idx_space rows; n rows move between both sides */
-static int32_t sekv_check_move(const void * src, const void * dst, const int32_t * idx, int64_t n,
-                               int64_t n_src, int64_t n_dst, int64_t row_bytes, int64_t n_linear, int64_t n_indexed) {
-    int32_t rc;
-    if ((rc = sekv_check_rows(n_src, row_bytes)) != SEKV_N_OK) return rc;
-    if ((rc = sekv_check_rows(n_dst, row_bytes)) != SEKV_N_OK) return rc;
-    if (n < 0) return SEKV_N_ERR_SIZE;
-    if (n == 0) return SEKV_N_OK;
-    if (src == NULL || dst == NULL || idx == NULL) return SEKV_N_ERR_NULL;
-    if (n > n_linear) return SEKV_N_ERR_SIZE;
-    for (int64_t i = 0; i < n; ++i) {
-        if (idx[i] < 0 || (int64_t) idx[i] >= n_indexed) return SEKV_N_ERR_INDEX;
-    }
-    return SEKV_N_OK;
-}
-
-int32_t sekv_f16_to_f32(const uint16_t * src, float * dst, int64_t n) {
-    if (n < 0) return SEKV_N_ERR_SIZE;
-    if (n > 0 && (src == NULL || dst == NULL)) return SEKV_N_ERR_NULL;
-    for (int64_t i = 0; i < n; ++i) {
-        dst[i] = sekv_half_to_float(src[i]);
-    }
-    return SEKV_N_OK;
-}
-
 int32_t sekv_f32_to_f16(const float * src, uint16_t * dst, int64_t n) {
     if (n < 0) return SEKV_N_ERR_SIZE;
     if (n > 0 && (src == NULL || dst == NULL)) return SEKV_N_ERR_NULL;
     for (int64_t i = 0; i < n; ++i) {
         dst[i] = sekv_float_to_half(src[i]);
-    }
-    return SEKV_N_OK;
-}
-
-int32_t sekv_gather_rows(const void * src, int64_t n_src, int64_t row_bytes,
-                         const int32_t * idx, int64_t n, void * dst, int64_t n_dst) {
-    const int32_t rc = sekv_check_move(src, dst, idx, n, n_src, n_dst, row_bytes, n_dst, n_src);
-    if (rc != SEKV_N_OK || n == 0) return rc;
-    const unsigned char * s = (const unsigned char *) src;
-    unsigned char       * d = (unsigned char *) dst;
-    for (int64_t i = 0; i < n; ++i) {
-        memcpy(d + i*row_bytes, s + (int64_t) idx[i]*row_bytes, (size_t) row_bytes);
-    }
-    return SEKV_N_OK;
-}
-
-int32_t sekv_scatter_rows(const void * src, int64_t n_src, int64_t row_bytes,
-                          const int32_t * idx, int64_t n, void * dst, int64_t n_dst) {
-    const int32_t rc = sekv_check_move(src, dst, idx, n, n_src, n_dst, row_bytes, n_src, n_dst);
-    if (rc != SEKV_N_OK || n == 0) return rc;
-    const unsigned char * s = (const unsigned char *) src;
-    unsigned char       * d = (unsigned char *) dst;
-    for (int64_t i = 0; i < n; ++i) {
-        memcpy(d + (int64_t) idx[i]*row_bytes, s + i*row_bytes, (size_t) row_bytes);
-    }
-    return SEKV_N_OK;
-}
-
-int32_t sekv_gather_rows_f16_f32(const uint16_t * src, int64_t n_src, int64_t row_len,
-                                 const int32_t * idx, int64_t n, float * dst, int64_t n_dst) {
-    if (row_len <= 0 || row_len > INT64_MAX / 4) return SEKV_N_ERR_SIZE;
-    /* checked in the wider (f32) unit so that both sides fit */
-    const int32_t rc = sekv_check_move(src, dst, idx, n, n_src, n_dst, row_len*4, n_dst, n_src);
-    if (rc != SEKV_N_OK || n == 0) return rc;
-    for (int64_t i = 0; i < n; ++i) {
-        const uint16_t * s = src + (int64_t) idx[i]*row_len;
-        float          * d = dst + i*row_len;
-        for (int64_t j = 0; j < row_len; ++j) {
-            d[j] = sekv_half_to_float(s[j]);
-        }
-    }
-    return SEKV_N_OK;
-}
-
-int32_t sekv_scatter_rows_f32_f16(const float * src, int64_t n_src, int64_t row_len,
-                                  const int32_t * idx, int64_t n, uint16_t * dst, int64_t n_dst) {
-    if (row_len <= 0 || row_len > INT64_MAX / 4) return SEKV_N_ERR_SIZE;
-    const int32_t rc = sekv_check_move(src, dst, idx, n, n_src, n_dst, row_len*4, n_src, n_dst);
-    if (rc != SEKV_N_OK || n == 0) return rc;
-    for (int64_t i = 0; i < n; ++i) {
-        const float * s = src + i*row_len;
-        uint16_t    * d = dst + (int64_t) idx[i]*row_len;
-        for (int64_t j = 0; j < row_len; ++j) {
-            d[j] = sekv_float_to_half(s[j]);
-        }
     }
     return SEKV_N_OK;
 }

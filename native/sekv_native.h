@@ -1,7 +1,7 @@
-/* sekv_gguf native module: host-side hot paths (row gather/scatter, f16 <-> f32, surprisal).
+/* sekv_gguf native module: host-side hot paths (f32 -> f16, surprisal, span and attention mass).
  *
  * Every function checks the sizes and indices it is handed and returns a negative SEKV_N_* code instead of
- * touching memory out of bounds. Rows are packed: row i of a buffer starts at i*row_bytes (or i*row_len elements).
+ * touching memory out of bounds. Arrays are packed row-major (C order).
  * The declarations between the CDEF markers are read by native/build_native.py. */
 #ifndef SEKV_NATIVE_H
 #define SEKV_NATIVE_H
@@ -12,26 +12,10 @@
 #define SEKV_N_OK          0
 #define SEKV_N_ERR_NULL   -1   /* a required pointer is NULL */
 #define SEKV_N_ERR_SIZE   -2   /* a count or row size is negative, zero where it must not be, or overflows */
-#define SEKV_N_ERR_INDEX  -3   /* a row index is outside its buffer */
+#define SEKV_N_ERR_INDEX  -3   /* an index is outside its range (a token id not below n_vocab) */
 
-/* dst[i] = f32(src[i]) for i < n (IEEE half -> float, exact) */
-int32_t sekv_f16_to_f32(const uint16_t * src, float * dst, int64_t n);
 /* dst[i] = f16(src[i]) for i < n (round to nearest even; overflow -> inf; NaN kept) */
 int32_t sekv_f32_to_f16(const float * src, uint16_t * dst, int64_t n);
-
-/* dst row i = src row idx[i]; src has n_src rows, dst has n_dst rows, i < n <= n_dst */
-int32_t sekv_gather_rows(const void * src, int64_t n_src, int64_t row_bytes,
-                         const int32_t * idx, int64_t n, void * dst, int64_t n_dst);
-/* dst row idx[i] = src row i; src has n_src rows (n <= n_src), dst has n_dst rows */
-int32_t sekv_scatter_rows(const void * src, int64_t n_src, int64_t row_bytes,
-                          const int32_t * idx, int64_t n, void * dst, int64_t n_dst);
-
-/* gather f16 rows of row_len elements and widen them: dst (f32) row i = src (f16) row idx[i] */
-int32_t sekv_gather_rows_f16_f32(const uint16_t * src, int64_t n_src, int64_t row_len,
-                                 const int32_t * idx, int64_t n, float * dst, int64_t n_dst);
-/* narrow f32 rows and scatter them: dst (f16) row idx[i] = f16(src (f32) row i) */
-int32_t sekv_scatter_rows_f32_f16(const float * src, int64_t n_src, int64_t row_len,
-                                  const int32_t * idx, int64_t n, uint16_t * dst, int64_t n_dst);
 
 /* surprisal (nats) of realised tokens: out[i] = logsumexp(logits[i, :]) - logits[i, next[i]] for n rows of n_vocab */
 int32_t sekv_surprisal(const float * logits, int64_t n, int64_t n_vocab, const int32_t * next, float * out);

@@ -1,6 +1,7 @@
 """The one owner of the compiled native module (``sekv_gguf._native``): numpy in and out, exceptions for errors.
 
-Host-side row work around the KV hook (gather/scatter of cache rows, f16 <-> f32) and per-token surprisal.
+Host-side hot paths: f32 -> f16 narrowing of rows written back into the KV cache, per-token surprisal, and the
+attention-mass scorers (``span_mass`` over a ``SpanTable`` of span K rows, ``attn_mass`` over cache rows).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from .errors import NativeError
 _MESSAGES = {
     lib.SEKV_N_ERR_NULL: "a required buffer is missing",
     lib.SEKV_N_ERR_SIZE: "a count or row size is out of range",
-    lib.SEKV_N_ERR_INDEX: "a row index is out of range",
+    lib.SEKV_N_ERR_INDEX: "an index is out of range",
 }
 
 
@@ -26,14 +27,6 @@ def _ptr(ctype: str, arr: np.ndarray):
     return ffi.cast(ctype, arr.ctypes.data)
 
 
-def _rows(a: np.ndarray, name: str, dtype: np.dtype) -> np.ndarray:
-    if a.dtype != dtype:
-        raise NativeError(f"{name} must be {np.dtype(dtype).name}, got {a.dtype}")
-    if a.ndim != 2 or not a.flags.c_contiguous:
-        raise NativeError(f"{name} must be a C-contiguous 2-D array [rows, row_len], got shape {a.shape}")
-    return a
-
-
 def _index(idx: object, n_rows: int, name: str) -> np.ndarray:
     i = np.ascontiguousarray(np.asarray(idx).reshape(-1))
     if i.size and not np.issubdtype(i.dtype, np.integer):
@@ -44,74 +37,12 @@ def _index(idx: object, n_rows: int, name: str) -> np.ndarray:
     return i.astype(np.int32)
 
 
-def f16_to_f32(a: np.ndarray) -> np.ndarray:
-    """float32 copy of a float16 array (exact)."""
-    src = np.ascontiguousarray(a, dtype=np.float16)
-    out = np.empty(src.shape, dtype=np.float32)
-    _check("f16_to_f32", lib.sekv_f16_to_f32(_ptr("uint16_t *", src), _ptr("float *", out), src.size))
-    return out
-
-
 def f32_to_f16(a: np.ndarray) -> np.ndarray:
     """float16 copy of a float32 array (round to nearest even, overflow to inf)."""
     src = np.ascontiguousarray(a, dtype=np.float32)
     out = np.empty(src.shape, dtype=np.float16)
     _check("f32_to_f16", lib.sekv_f32_to_f16(_ptr("float *", src), _ptr("uint16_t *", out), src.size))
     return out
-
-
-def gather_rows(src: np.ndarray, idx: object) -> np.ndarray:
-    """``src[idx]`` for a C-contiguous 2-D array of any dtype."""
-    if src.ndim != 2 or not src.flags.c_contiguous:
-        raise NativeError(f"src must be a C-contiguous 2-D array, got shape {src.shape}")
-    i = _index(idx, src.shape[0], "idx")
-    out = np.empty((i.size, src.shape[1]), dtype=src.dtype)
-    if out.size:
-        _check("gather_rows", lib.sekv_gather_rows(_ptr("void *", src), src.shape[0], src.strides[0],
-                                                   _ptr("int32_t *", i), i.size, _ptr("void *", out), out.shape[0]))
-    return out
-
-
-def scatter_rows(src: np.ndarray, idx: object, dst: np.ndarray) -> None:
-    """``dst[idx] = src`` in place; both C-contiguous 2-D arrays of one dtype and row length."""
-    if src.dtype != dst.dtype or src.ndim != 2 or dst.ndim != 2 or src.shape[1] != dst.shape[1]:
-        raise NativeError(f"src {src.shape} {src.dtype} and dst {dst.shape} {dst.dtype} must be 2-D with the same "
-                          "row length and dtype")
-    if not (src.flags.c_contiguous and dst.flags.c_contiguous):
-        raise NativeError("src and dst must be C-contiguous")
-    i = _index(idx, dst.shape[0], "idx")
-    if i.size != src.shape[0]:
-        raise NativeError(f"idx has {i.size} entries for {src.shape[0]} source rows")
-    if i.size and src.shape[1]:
-        _check("scatter_rows", lib.sekv_scatter_rows(_ptr("void *", src), src.shape[0], src.strides[0],
-                                                     _ptr("int32_t *", i), i.size, _ptr("void *", dst), dst.shape[0]))
-
-
-def gather_rows_f16_f32(src: np.ndarray, idx: object) -> np.ndarray:
-    """float32 ``src[idx]`` of a float16 [rows, row_len] array, widened in one pass."""
-    _rows(src, "src", np.dtype(np.float16))
-    i = _index(idx, src.shape[0], "idx")
-    out = np.empty((i.size, src.shape[1]), dtype=np.float32)
-    if out.size:
-        _check("gather_rows_f16_f32", lib.sekv_gather_rows_f16_f32(
-            _ptr("uint16_t *", src), src.shape[0], src.shape[1], _ptr("int32_t *", i), i.size,
-            _ptr("float *", out), out.shape[0]))
-    return out
-
-
-def scatter_rows_f32_f16(src: np.ndarray, idx: object, dst: np.ndarray) -> None:
-    """``dst[idx] = float16(src)`` in place: float32 rows narrowed into a float16 [rows, row_len] array."""
-    _rows(src, "src", np.dtype(np.float32))
-    _rows(dst, "dst", np.dtype(np.float16))
-    if src.shape[1] != dst.shape[1]:
-        raise NativeError(f"row length of src ({src.shape[1]}) and dst ({dst.shape[1]}) differ")
-    i = _index(idx, dst.shape[0], "idx")
-    if i.size != src.shape[0]:
-        raise NativeError(f"idx has {i.size} entries for {src.shape[0]} source rows")
-    if i.size and src.shape[1]:
-        _check("scatter_rows_f32_f16", lib.sekv_scatter_rows_f32_f16(
-            _ptr("float *", src), src.shape[0], src.shape[1], _ptr("int32_t *", i), i.size,
-            _ptr("uint16_t *", dst), dst.shape[0]))
 
 
 def surprisal(logits: np.ndarray, next_tokens: object) -> np.ndarray:
