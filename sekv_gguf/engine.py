@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import llama_cpp
 import numpy as np
 
-from .config import ContextConfig, SekvConfig
+from .config import BudgetConfig, ContextConfig, round_cells
 from .policies import POLICIES, Policy
-from .policies.base import pad_cells
 from .session import Session
 
 
 @dataclass
 class RunResult:
-    """What one generation produced and measured (the CLI's JSON, DESIGN.md §4)."""
+    """What one generation produced and measured (the CLI's JSON, docs/design.md §4)."""
 
     text: str
     tokens: list[int]
@@ -31,8 +30,8 @@ class RunResult:
     host_kv_bytes: int
     prefill_s: float
     decode_s: float
-    sekv: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    sekv: dict[str, Any] | None = None      # SeKV's own statistics (spans, anchors, router, ...)
+    baseline: dict[str, Any] | None = None  # a baseline policy's own statistics
 
     @property
     def prefill_tok_s(self) -> float:
@@ -46,28 +45,41 @@ class RunResult:
         out = {k: getattr(self, k) for k in ("text", "policy", "model", "prompt_tokens", "generated_tokens",
                                              "device_kv_bytes", "full_kv_bytes", "host_kv_bytes", "prefill_s",
                                              "decode_s", "prefill_tok_s", "decode_tok_s")}
-        if self.sekv is not None:
-            out["sekv"] = self.sekv
-        out.update(self.extra)
+        for name in ("sekv", "baseline"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
 
 def full_kv_bytes(session: Session, n_tokens: int, n_ubatch: int) -> int:
     """Bytes llama.cpp would allocate for full KV of ``n_tokens`` (``swa_full=False``), from the hook's row sizes."""
     info = session.hook.info
-    cells = pad_cells(n_tokens)
+    cells = round_cells(n_tokens)
     total = info.bytes_per_cell * cells
     if info.is_iswa and info.swa_kv_size:
-        swa_cells = pad_cells(info.n_swa + n_ubatch)  # sized by its window (patches/0003), not capped by the base
+        swa_cells = round_cells(info.n_swa + n_ubatch)  # sized by its window (patches/0003), not capped by the base
         total += info.swa_kv_bytes // info.swa_kv_size * swa_cells
     return int(total)
 
 
 def make_policy(name: str, model: Any, n_context: int, ctx_config: ContextConfig | None = None,
-                config: SekvConfig | None = None, **kwargs: Any) -> Policy:
+                budget: BudgetConfig | None = None, params: Any = None, router: Any = None,
+                observer: Callable[[Policy], None] | None = None) -> Policy:
+    """Policy ``name`` over ``model`` for ``n_context`` tokens (prompt + generation): ``budget`` is shared by
+    every policy, ``params`` is the policy's own dataclass (``POLICIES[name].Params``), ``router`` replaces the
+    default scorer of a policy that routes."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from {sorted(POLICIES)}")
-    return POLICIES[name](model, n_context, ctx_config or ContextConfig(), config=config, **kwargs)
+    cls = POLICIES[name]
+    if params is not None and (cls.Params is None or not isinstance(params, cls.Params)):
+        want = cls.Params.__name__ if cls.Params is not None else "none"
+        raise TypeError(f"policy {name!r} takes parameters of type {want}, got {type(params).__name__}")
+    extra = {}
+    if router is not None:
+        if not cls.routes:
+            raise ValueError(f"policy {name!r} takes no router")
+        extra["router"] = router
+    return cls(model, n_context, ctx_config or ContextConfig(), budget, params, observer=observer, **extra)
 
 
 def generate(policy: Policy, prompt: list[int], n_predict: int, model_name: str = "",
@@ -99,4 +111,4 @@ def generate(policy: Policy, prompt: list[int], n_predict: int, model_name: str 
         prompt_tokens=len(prompt), generated_tokens=len(out), device_kv_bytes=int(stats["device_kv_bytes"]),
         full_kv_bytes=full_kv_bytes(session, len(prompt) + n_predict, session.config.n_ubatch),
         host_kv_bytes=int(stats.get("host_kv_bytes", 0)), prefill_s=t1 - t0, decode_s=t2 - t1,
-        sekv=stats.get("sekv"), extra={"baseline": stats["baseline"]} if "baseline" in stats else {})
+        sekv=stats.get("sekv"), baseline=stats.get("baseline"))

@@ -1,5 +1,5 @@
-"""The span features the trained router scores with, shared by training (``train.student``) and decoding
-(``router.TrainedRouter``) so that both compute the same numbers.
+"""The span features and the trained router's scoring function (``Params``, ``alphas``), shared by training
+(``train.student``) and decoding (``router.TrainedRouter``) so that both compute the same numbers.
 
 For one query q [d] of one head and span s (of that head's KV head):
 
@@ -57,3 +57,49 @@ def features(q: np.ndarray, sf: SpanFeatures) -> np.ndarray:
     top = lc.max(axis=2)
     mix = top + np.log(np.exp(lc - top[..., None]).sum(axis=2)) - m  # [N, S]
     return np.stack([m, v, box, quest, mix])
+
+
+@dataclass
+class Params:
+    """One (layer, head)'s trainable router: W [P, d], b [1] and theta [F] (arrays, so Adam updates them in place)."""
+
+    w: np.ndarray
+    b: np.ndarray
+    theta: np.ndarray
+
+    @classmethod
+    def initial(cls, w: np.ndarray) -> "Params":
+        """The Gaussian mass estimate plus the learned match term from ``w``."""
+        return cls(w=w.copy(), b=np.zeros(1), theta=np.array(INITIAL_WEIGHTS, dtype=np.float64))
+
+    def arrays(self) -> list[np.ndarray]:
+        return [self.w, self.b, self.theta]
+
+
+@dataclass
+class Forward:
+    a: np.ndarray      # [N, P]  W q
+    chat: np.ndarray   # [S, P]  normalize(W k̄)
+    nc: np.ndarray     # [S, 1]  |W k̄|
+    soft: np.ndarray   # [N, S]  softmax_s e_s
+    alpha: np.ndarray  # [N, S]
+
+
+def forward(p: Params, q: np.ndarray, keys: np.ndarray, phi: np.ndarray, lengths: np.ndarray) -> Forward:
+    n_p = p.w.shape[0]
+    a = q @ p.w.T                                                   # [N, P]
+    c = keys @ p.w.T                                                # [S, P]
+    nc = np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12)  # [S, 1]
+    chat = c / nc                                                   # [S, P]
+    e = a @ chat.T / np.sqrt(n_p) + np.tensordot(p.theta, phi, axes=1) + np.log(lengths)[None, :]  # [N, S]
+    top = e.max(axis=1, keepdims=True)
+    soft = np.exp(e - top)
+    total = soft.sum(axis=1, keepdims=True)
+    z = e - (top + np.log(total)) + p.b[0]                          # [N, S]
+    return Forward(a=a, chat=chat, nc=nc, soft=soft / total, alpha=1.0 / (1.0 + np.exp(-z)))
+
+
+def alphas(p: Params, q: np.ndarray, spans: SpanFeatures, phi: np.ndarray | None = None) -> np.ndarray:
+    """alpha [N, S] for queries q [N, d] (see the module docstring); ``phi``: features(q, spans) if known."""
+    phi = features(q, spans) if phi is None else phi
+    return forward(p, q, spans.keys, phi, spans.lengths).alpha

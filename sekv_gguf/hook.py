@@ -8,19 +8,17 @@ Works on any context: one created by ``llama_cpp.Llama`` (``KVHook.from_llama``)
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from . import _hook_api as api
 from .errors import HookError, HookIndexError, HookStateError, HookValueError, UnsupportedModelError
 
-GGML_TYPE_F32 = 0
-GGML_TYPE_F16 = 1
-
 # element dtype of rows whose type is addressable per element; other (block-quantized) types come back as bytes
-_ROW_DTYPES = {GGML_TYPE_F32: np.dtype(np.float32), GGML_TYPE_F16: np.dtype(np.float16)}
+_ROW_DTYPES = {GGMLQuantizationType.F32: np.dtype(np.float32), GGMLQuantizationType.F16: np.dtype(np.float16)}
 
 _ERROR_CLASSES: dict[int, type[HookError]] = {
     api.SEKV_ERR_NULL: HookValueError,
@@ -71,6 +69,14 @@ class KVInfo:
     def bytes_per_cell(self) -> int:
         """K+V bytes of one cell over all hooked layers."""
         return self.kv_bytes // self.kv_size
+
+    @staticmethod
+    def type_name(type_id: int) -> str:
+        """ggml's name of a cache element type ("f16", "q8_0", ...)."""
+        try:
+            return GGMLQuantizationType(type_id).name.lower()
+        except ValueError:
+            return str(type_id)
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,13 @@ class KVHook:
         check("sekv_kv_get_layer", api.sekv_kv_get_layer(self.ctx, ikv, ctypes.byref(out)))
         return KVLayer(ikv=ikv, **{name: int(getattr(out, name)) for name, _ in api.sekv_kv_layer._fields_})
 
+    def report(self) -> dict[str, Any]:
+        """The hook's view of the cache as plain data (``python -m sekv_gguf info``)."""
+        info = self.info
+        return {"kv": asdict(info), "kv_type_k": info.type_name(info.type_k), "kv_type_v": info.type_name(info.type_v),
+                "hooked_layers": [asdict(layer) for layer in self.layers], "bytes_per_token": info.bytes_per_cell,
+                "swa_bytes": info.swa_kv_bytes, "device_kv_bytes": info.kv_bytes + info.swa_kv_bytes}
+
     @property
     def model_layers(self) -> list[int]:
         """Model layer index of each hooked layer."""
@@ -157,6 +170,17 @@ class KVHook:
         pos = self.cells_pos(seq)
         cells = np.flatnonzero(pos >= p0)
         return cells[np.argsort(pos[cells])].astype(np.int32)
+
+    def cells_of(self, n: int, seq: int = 0) -> np.ndarray:
+        """int32 [n]: the cells of ``seq``'s positions 0..n-1 (each must be in the cache)."""
+        pos = self.cells_pos(seq)
+        cells = np.full(n, -1, dtype=np.int32)
+        held = np.flatnonzero((pos >= 0) & (pos < n))
+        cells[pos[held]] = held
+        if (cells < 0).any():
+            raise HookValueError("cells_of", api.SEKV_ERR_POS,
+                                 f"positions {np.flatnonzero(cells < 0)[:5].tolist()} are not in the cache")
+        return cells
 
     def claim(self, cells: Any, pos: Any, seq: int = 0) -> None:
         """Make empty ``cells`` belong to ``seq`` at ``pos`` (each at most the sequence's maximum position)."""
@@ -246,3 +270,24 @@ class KVHook:
         out = np.empty((layer.n_head, layer.head_dim_k), dtype=np.float32)
         check("sekv_qcap_get", api.sekv_qcap_get(self.ctx, ikv, _ptr(out, ctypes.c_float), out.size))
         return out
+
+
+def report_lines(r: dict[str, Any]) -> list[str]:
+    """``KVHook.report`` (with ``model`` and ``architecture`` added) as the text ``info`` prints."""
+    kv, layers, mib = r["kv"], r["hooked_layers"], 1024 * 1024
+    lines = [f"model         {r['model']}",
+             f"architecture  {r['architecture']}, {kv['n_layer_model']} layers"
+             + (f", iSWA (window {kv['n_swa']})" if kv["is_iswa"] else ""),
+             f"hooked cache  {'base (global-layer) cache' if kv['is_iswa'] else 'attention cache'}: "
+             f"{kv['n_layer_kv']} layers {[layer['il'] for layer in layers]}"]
+    lines += [f"  layer {layer['il']:>3}  heads {layer['n_head']} q / {layer['n_head_kv']} kv, head dim "
+              f"{layer['head_dim_k']}/{layer['head_dim_v']}, row bytes K {layer['k_row_bytes']} V {layer['v_row_bytes']}"
+              for layer in layers]
+    lines += [f"cells         {kv['kv_size']} ({r['kv_type_k']} K / {r['kv_type_v']} V, flash attention "
+              f"{'on' if kv['flash_attn'] else 'off'}, V {'transposed' if kv['v_trans'] else 'row-major'})",
+              f"bytes/token   {r['bytes_per_token']} (hooked layers, K+V)",
+              f"hooked KV     {kv['kv_bytes'] / mib:.2f} MiB"]
+    if kv["is_iswa"]:
+        lines.append(f"SWA cache     {kv['swa_kv_size']} cells, {kv['swa_kv_bytes'] / mib:.2f} MiB (not hooked)")
+    lines.append(f"device KV     {r['device_kv_bytes'] / mib:.2f} MiB in all")
+    return lines

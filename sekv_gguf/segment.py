@@ -1,12 +1,18 @@
-"""Surprisal segmentation: anchors (capped) and spans cut at surprisal change points.
+"""Segmenters: how the tokens that leave a recent window are cut into anchors and spans.
 
-Works on a stream: ``Segmenter.cut`` is handed the tokens that left the recent window (positions and surprisal)
-and returns anchors and complete spans; a tail shorter than ``span_min`` is returned as pending.
+Each works on a stream: ``cut`` is handed the segmentation signal of the tokens that left the window and returns
+anchors and complete spans; an unfinished tail is returned as pending. ``signal`` makes the signal of newly
+decoded tokens; ``scored`` says whether it needs their surprisal (logits of every prompt token), ``weighted``
+whether a span's summary row weights its tokens by the signal (else uniformly).
+
+- ``Segmenter``: SeKV's surprisal segmentation, anchors (capped) and spans cut at surprisal change points;
+- ``BlockSegmenter``: fixed blocks (the Quest-like baseline);
+- ``SentenceSegmenter``: one span per sentence (the SentenceKV-like baseline).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -25,6 +31,9 @@ class Segmenter:
     """Anchors above mean + alpha*std of all surprisal seen (at most ``cap`` in all); spans of [span_min, span_max]
     non-anchor tokens, cut where the surprisal changes most."""
 
+    scored = True
+    weighted = True
+
     def __init__(self, config: SekvConfig, cap: int):
         self.config = config
         self.cap = cap
@@ -32,6 +41,10 @@ class Segmenter:
         self._n = 0
         self._sum = 0.0
         self._sq = 0.0
+
+    def signal(self, tokens: list[int], surprisal: np.ndarray, piece: Callable[[int], bytes]) -> np.ndarray:
+        """float32 [n]: the tokens' surprisal."""
+        return surprisal
 
     def observe(self, surprisal: np.ndarray) -> None:
         """Update the running statistics with newly realised tokens."""
@@ -86,6 +99,19 @@ class Segmenter:
         return lo + int(np.argmax(jumps[lo - 1:hi]))
 
 
+class BlockSegmenter(Segmenter):
+    """Fixed blocks of ``block`` tokens, no anchors, no signal (the Quest-like baseline)."""
+
+    scored = False
+    weighted = False
+
+    def __init__(self, block: int):
+        super().__init__(replace(SekvConfig(), span_min=block, span_max=block, anchor_share=0.0), cap=0)
+
+    def signal(self, tokens: list[int], surprisal: np.ndarray, piece: Callable[[int], bytes]) -> np.ndarray:
+        return np.zeros(len(tokens), dtype=np.float32)
+
+
 class SentenceEnds:
     """Which tokens end a sentence (their text holds a line break or ends in one of ``marks``), cached per token id.
     ``piece`` gives a token's bytes (``Session.piece``)."""
@@ -109,9 +135,19 @@ class SentenceSegmenter:
     """Spans = sentences: the signal handed to ``cut`` is 1 at a sentence's last token (``.!?`` or a line break)
     and 0 elsewhere. A sentence longer than ``span_max`` is split; no anchors. (The SentenceKV-like baseline.)"""
 
-    def __init__(self, config: SekvConfig):
-        self.config = config
+    scored = False
+    weighted = False
+
+    def __init__(self, span_max: int, marks: tuple[bytes, ...] = (b".", b"!", b"?")):
+        self.span_max, self.marks = span_max, marks
         self.n_anchors = 0
+        self._ends: SentenceEnds | None = None
+
+    def signal(self, tokens: list[int], surprisal: np.ndarray, piece: Callable[[int], bytes]) -> np.ndarray:
+        """float32 [n]: 1 where the token ends a sentence."""
+        if self._ends is None:
+            self._ends = SentenceEnds(piece, self.marks)
+        return self._ends(tokens)
 
     def observe(self, signal: np.ndarray) -> None:
         """Nothing to learn: sentence ends are read from the tokens."""
@@ -121,8 +157,8 @@ class SentenceSegmenter:
         spans: list[np.ndarray] = []
         start = 0
         for e in ends:
-            for s0 in range(start, e + 1, self.config.span_max):
-                spans.append(np.arange(s0, min(s0 + self.config.span_max, e + 1)))
+            for s0 in range(start, e + 1, self.span_max):
+                spans.append(np.arange(s0, min(s0 + self.span_max, e + 1)))
             start = e + 1
         n = len(signal)
         if final and start < n:

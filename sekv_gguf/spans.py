@@ -43,17 +43,14 @@ class Factors:
 
 @dataclass
 class Span:
-    """A compressed run of tokens: positions, device summary cell, host factors per hooked layer."""
+    """A compressed run of tokens: positions, device summary cell, host factors per hooked layer (owned by a
+    ``SpanStore``)."""
 
     id: int
     positions: np.ndarray          # int32 [L]
-    summary_cell: int
+    summary_cell: int = -1         # device cell of the summary row (-1: none)
     k: list[Factors] = field(default_factory=list)      # [n_layer_kv]
     v: list[Factors] = field(default_factory=list)      # [n_layer_kv]
-    k_mean: list[np.ndarray] = field(default_factory=list)  # f32 [n_head_kv, d] per layer (routing keys)
-    k_min: list[np.ndarray] = field(default_factory=list)   # f32 [n_head_kv, d] per layer: channel-wise min of K
-    k_max: list[np.ndarray] = field(default_factory=list)   # f32 [n_head_kv, d] per layer: channel-wise max of K
-    sketch: list["KeySketch"] = field(default_factory=list)  # per layer, for the trained router (empty otherwise)
 
     @property
     def length(self) -> int:
@@ -166,24 +163,13 @@ def centroids(mats: list[np.ndarray], k: int, iters: int) -> tuple[np.ndarray, n
     return mu, logw
 
 
-@dataclass
-class KeySketch:
-    """What the trained router knows of one span's keys in one layer beyond the summary key (``spread``,
-    ``centroids``): dirs f32 [n_head_kv, r, d]; var, lo, hi f32 [n_head_kv, r]; mu f32 [n_head_kv, c, d];
-    logw f32 [n_head_kv, c]."""
-
-    dirs: np.ndarray
-    var: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    mu: np.ndarray
-    logw: np.ndarray
-
-    FIELDS = ("dirs", "var", "lo", "hi", "mu", "logw")
+# what the trained router knows of a span's keys in one layer beyond the summary key (``spread``, ``centroids``):
+# dirs [n_head_kv, r, d]; var, lo, hi [n_head_kv, r]; mu [n_head_kv, c, d]; logw [n_head_kv, c]
+SKETCH_FIELDS = ("dirs", "var", "lo", "hi", "mu", "logw")
 
 
 def sketches(mats: list[np.ndarray], rank: int, n_centroids: int, iters: int) -> dict[str, np.ndarray]:
-    """The key sketches of a batch of spans, stacked: {field: [B, ...]} (``KeySketch`` fields)."""
+    """The key sketches of a batch of spans, stacked: {field: [B, n_head_kv, ...]} (``SKETCH_FIELDS``)."""
     dirs, var, lo, hi = spread(mats, rank)
     mu, logw = centroids(mats, n_centroids, iters)
     return {"dirs": dirs, "var": var, "lo": lo, "hi": hi, "mu": mu, "logw": logw}

@@ -75,10 +75,12 @@ def test_parameter_share_of_the_default_model_is_under_0_05_percent(gemma_path):
 
 
 def test_the_engine_router_computes_what_the_student_trained(tiny_llama):
-    """TrainedRouter (the decode-time scorer: all heads, grouped KV heads, f32 inputs) and the student's alphas
-    (training: one head, f64) agree."""
+    """TrainedRouter (the decode-time scorer: all heads, grouped KV heads, f32 inputs from a SpanStore) and the
+    student's alphas (training: one head, f64) agree."""
+    from sekv_gguf.config import SekvConfig
     from sekv_gguf.features import SpanFeatures
     from sekv_gguf.router import TrainedRouter
+    from sekv_gguf.span_store import SpanStore
     from sekv_gguf.train.student import Params, alphas
 
     rng = np.random.default_rng(5)
@@ -92,7 +94,10 @@ def test_the_engine_router_computes_what_the_student_trained(tiny_llama):
     sketch = {k: v.astype(np.float32) for k, v in sketch.items()}
     bounds = (keys - rng.random((s, 2, 16)).astype(np.float32), keys + rng.random((s, 2, 16)).astype(np.float32))
     lengths = rng.integers(4, 64, s).astype(np.float32)
-    got = TrainedRouter(a).alphas(1, query, keys, lengths, sketch, bounds)  # [S, H]
+    store = SpanStore(2, 2, 16, SekvConfig(), sketch_shape=(r, c, 1))  # routing data as the store stacks it
+    store.keys[1], (store.kmin[1], store.kmax[1]), store.lengths = keys, bounds, lengths
+    store.sketch[1] = {k: v.astype(np.float64) for k, v in sketch.items()}
+    got = TrainedRouter(a).alphas(1, query, store)  # [S, H]
     for h in range(4):
         kv = h // 2
         f64 = lambda x: x[:, kv].astype(np.float64)  # noqa: E731
@@ -110,28 +115,20 @@ def test_trained_proposals_are_ordered_by_exact_mass(tiny_llama):
     from sekv_gguf import native
     from sekv_gguf.config import SekvConfig
     from sekv_gguf.router import TrainedRouter
-    from sekv_gguf.spans import KeySketch, Span, factorize, sketches
+    from sekv_gguf.span_store import SpanStore
 
     rng = np.random.default_rng(6)
     a = _adapter(model_identity(tiny_llama), rng, layers=(0,))
     mats = [rng.standard_normal((int(n), 2, 16)).astype(np.float32) for n in rng.integers(4, 20, 10)]
-    spans = []
-    sk = sketches(mats, a.spread_rank, a.n_centroids, a.kmeans_iters)
-    for i, (m, f) in enumerate(zip(mats, factorize(mats, SekvConfig()))):
-        spans.append(Span(id=i, positions=np.arange(m.shape[0], dtype=np.int32), summary_cell=-1, k=[f],
-                          sketch=[KeySketch(**{k: v[i] for k, v in sk.items()})]))
-    keys = np.stack([m.mean(0) for m in mats])
-    bounds = (np.stack([m.min(0) for m in mats]), np.stack([m.max(0) for m in mats]))
-    lengths = np.array([m.shape[0] for m in mats], dtype=np.float32)
+    store = SpanStore(1, 2, 16, SekvConfig(), (a.spread_rank, a.n_centroids, a.kmeans_iters))
+    rows = np.concatenate(mats)  # [sum L, Hkv, d]
+    store.add([np.arange(m.shape[0]) for m in mats], [np.ones(m.shape[0]) for m in mats], lambda ikv: (rows, rows))
     query = rng.standard_normal((4, 16)).astype(np.float32)
-    router = TrainedRouter(a)
-    router.configure(SekvConfig(verify_candidates=0))
-    trained = router.score(0, query, keys, lengths, spans, bounds)
-    router.configure(SekvConfig(verify_candidates=4))
-    got = np.argsort(-router.score(0, query, keys, lengths, spans, bounds), kind="stable")
+    trained = TrainedRouter(a, candidates=0).score(0, query, store)
+    got = np.argsort(-TrainedRouter(a, candidates=4).score(0, query, store), kind="stable")
     first = np.argsort(-trained, kind="stable")
-    table = native.SpanTable(2, 16)
-    for s in spans:
+    table = native.SpanTable(2, 16)  # the host rows, tabled again outside the store
+    for s in store.spans:
         table.append(s.length, s.k[0].raw, s.k[0].us, s.k[0].vt)
     mass = native.span_mass(query, table).max(axis=1)
     assert set(got[:4]) == set(first[:4]) and list(got[4:]) == list(first[4:])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import prose
-from sekv_gguf.config import ContextConfig, SekvConfig
+from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import generate, make_policy
 from sekv_gguf.errors import BudgetError
 
@@ -27,16 +27,16 @@ def test_full_rank_all_zoomed_equals_full(llama_model, gemma_model, which, flash
     model = llama_model if which == "llama" else gemma_model
     toks = _tokens(model, 700, offset=3000)
     cc = ContextConfig(flash_attn=flash_attn)
-    full = make_policy("full", model, len(toks) + 1, cc, SekvConfig(chunk=128))
+    full = make_policy("full", model, len(toks) + 1, cc, BudgetConfig(chunk=128))
     want = full.prefill(toks)
     full.close()
-    cfg = SekvConfig(kv_budget=2048, prefill="exact", energy=1.0, zoom_share=0.6, compress_when_fits=True, chunk=128)
-    policy = make_policy("sekv", model, len(toks) + 1, cc, cfg)
+    cfg = SekvConfig(prefill="exact", energy=1.0, zoom_share=0.6, compress_when_fits=True)
+    policy = make_policy("sekv", model, len(toks) + 1, cc, BudgetConfig(kv_budget=2048, chunk=128), cfg)
     got = policy.prefill(toks)
     st = policy.stats()["sekv"]
     assert st["spans"] > 3 and st["span_tokens"] > len(toks) / 3
     for ikv in range(policy.n_layer):  # every span is zoomed in every layer
-        assert len(policy.resident[ikv]) == st["spans"]
+        assert len(policy.zoom.resident[ikv]) == st["spans"]
     policy.close()
     np.testing.assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max())
 
@@ -44,32 +44,33 @@ def test_full_rank_all_zoomed_equals_full(llama_model, gemma_model, which, flash
 def test_compression_invariants_and_budget(llama_model):
     toks = _tokens(llama_model, 3000, offset=500)
     n = 16
-    cfg = SekvConfig(kv_budget=768, energy=0.9, chunk=64)
+    cfg = SekvConfig(energy=0.9)
     seen: list[int] = []
 
     def observe(policy):
         pos = policy.session.hook.cells_pos()
         seen.append(int((pos >= 0).sum()))
-        assert policy.session.hook.info.kv_size == policy.budget
+        assert policy.session.hook.info.kv_size == policy.plan.cells
 
-    policy = make_policy("sekv", llama_model, len(toks) + n, config=cfg, observer=observe)
+    policy = make_policy("sekv", llama_model, len(toks) + n, budget=BudgetConfig(kv_budget=768, chunk=64), params=cfg,
+                         observer=observe)
     run = generate(policy, toks, n, stop_at_eos=False)
     assert run.generated_tokens == n
-    assert max(seen) <= policy.budget == 768
+    assert max(seen) <= policy.plan.cells == 768
     assert len(seen) >= len(toks) // 64 + n - 1
     assert policy.session.pos_max() == len(toks) + n - 2  # the positions ran far past the 768 cells
 
     st = run.sekv
-    assert 0 < st["anchors"] <= policy.anchor_cap
+    assert 0 < st["anchors"] <= policy.plan.anchor_cap
     assert st["spans"] > 10
     row = policy.session.hook.layers[0].k_row_bytes
-    for span in policy.spans:
+    for span in policy.store.spans:
         raw_bytes = span.length * row * 2 * policy.n_layer  # K + V rows of every hooked layer, f16
         assert span.nbytes - span.positions.nbytes <= raw_bytes
         assert cfg.span_min <= span.length
         for f in span.k + span.v:
             assert f.rank <= max(cfg.r_max, span.length)
-    assert run.host_kv_bytes == sum(s.nbytes for s in policy.spans)
+    assert run.host_kv_bytes == sum(s.nbytes for s in policy.store.spans)
     assert run.device_kv_bytes < run.full_kv_bytes
     policy.close()
 
@@ -95,7 +96,7 @@ def test_reconstruction_error_within_energy(llama_model):
 
 def test_budget_too_small_says_what_fits(llama_model):
     with pytest.raises(BudgetError, match=r"cannot hold .* use a budget of at least \d+ cells"):
-        make_policy("sekv", llama_model, 20000, config=SekvConfig(kv_budget=256))
+        make_policy("sekv", llama_model, 20000, budget=BudgetConfig(kv_budget=256))
 
 
 def test_unknown_policy_and_empty_prompt(llama_model):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from sekv_gguf.config import SekvConfig
+from sekv_gguf.config import BudgetConfig, SekvConfig
 from sekv_gguf.documents import needle_prompt
 from sekv_gguf.engine import generate, make_policy
 from sekv_gguf.session import load_model
@@ -27,8 +27,9 @@ def test_needles_at_quarter_budget(gemma_path):
         tokens = model.tokenize(needle.prompt.encode(), add_bos=True, special=False)
         assert abs(len(tokens) - N_TOKENS) < 32
         for name in correct:
-            policy = make_policy(name, model, len(tokens) + N_PREDICT,
-                                 config=SekvConfig(kv_budget=0.25, router=os.environ.get("SEKV_ROUTER", "mass")))
+            params = SekvConfig(router=os.environ.get("SEKV_ROUTER", "mass")) if name == "sekv" else None
+            policy = make_policy(name, model, len(tokens) + N_PREDICT, budget=BudgetConfig(kv_budget=0.25),
+                                 params=params)
             run = generate(policy, tokens, N_PREDICT)
             if name == "sekv":  # the hooked cache holds a quarter of the context (rounded up to 256 cells)
                 assert run.sekv["budget_cells"] <= -(-len(tokens) // 4 // 256) * 256 + 256

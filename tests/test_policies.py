@@ -7,10 +7,10 @@ import pytest
 from scipy.ndimage import uniform_filter1d
 
 from conftest import prose
-from sekv_gguf.config import BaselineConfig, SekvConfig
+from sekv_gguf.config import BudgetConfig, SekvConfig, round_cells
 from sekv_gguf.engine import generate, make_policy
 from sekv_gguf.errors import BudgetError
-from sekv_gguf.policies import POLICIES
+from sekv_gguf.policies import POLICIES, ChunkKVConfig, H2OConfig, PyramidKVConfig, QuestConfig, SnapKVConfig
 from sekv_gguf.session import Session, load_model
 
 
@@ -31,7 +31,7 @@ def test_every_policy_with_budget_covering_context_equals_full(llama_model, gemm
     n = 16
     runs = {}
     for name in POLICIES:
-        policy = make_policy(name, model, len(toks) + n, config=SekvConfig(kv_budget=1.0, chunk=128))
+        policy = make_policy(name, model, len(toks) + n, budget=BudgetConfig(kv_budget=1.0, chunk=128))
         runs[name] = generate(policy, toks, n, stop_at_eos=False)
         policy.close()
     assert set(runs) >= {"full", "streaming", "h2o", "snapkv", "quest", "sekv"}
@@ -43,7 +43,7 @@ def test_every_policy_with_budget_covering_context_equals_full(llama_model, gemm
 @pytest.mark.parametrize("name", ["streaming", "h2o", "snapkv", "quest", "sekv"])
 def test_every_policy_runs_within_the_budget(llama_model, name):
     toks = _tokens(llama_model, 1500)
-    policy = make_policy(name, llama_model, len(toks) + 8, config=SekvConfig(kv_budget=512, chunk=128))
+    policy = make_policy(name, llama_model, len(toks) + 8, budget=BudgetConfig(kv_budget=512, chunk=128))
     run = generate(policy, toks, 8, stop_at_eos=False)
     assert len(run.tokens) == 8
     assert policy.session.hook.info.kv_size == 512
@@ -54,7 +54,7 @@ def test_every_policy_runs_within_the_budget(llama_model, name):
 
 def test_streaming_keeps_sinks_and_the_newest_tokens(llama_model):
     toks = _tokens(llama_model, 1200)
-    policy = make_policy("streaming", llama_model, len(toks) + 40, config=SekvConfig(kv_budget=256, chunk=64))
+    policy = make_policy("streaming", llama_model, len(toks) + 40, budget=BudgetConfig(kv_budget=256, chunk=64))
     logits = policy.prefill(toks)
     for _ in range(40):
         logits = policy.step(int(np.argmax(logits)))
@@ -69,8 +69,8 @@ def test_streaming_keeps_sinks_and_the_newest_tokens(llama_model):
 
 def test_h2o_scores_are_native_attention_and_lightest_go(llama_model):
     toks = _tokens(llama_model, 900)
-    policy = make_policy("h2o", llama_model, len(toks) + 64, config=SekvConfig(kv_budget=256, chunk=64),
-                         baseline=BaselineConfig(evict_batch=8))
+    policy = make_policy("h2o", llama_model, len(toks) + 64, budget=BudgetConfig(kv_budget=256, chunk=64),
+                         params=H2OConfig(evict_batch=8))
     logits = policy.prefill(toks)
     hook = policy.session.hook
     # one decode step: its score update equals numpy's softmax attention of the captured queries
@@ -107,13 +107,13 @@ def test_snapkv_keeps_the_pooled_vote_winners(llama_model):
     """Reference: full prefill, observation queries captured one by one, numpy softmax votes, average pooling."""
     toks = _tokens(llama_model, 1000)
     n_gen, w, kernel = 4, 16, 7
-    params = BaselineConfig(obs_window=w, pool_kernel=kernel)
-    policy = make_policy("snapkv", llama_model, len(toks) + n_gen, config=SekvConfig(kv_budget=256, chunk=128),
-                         baseline=params)
+    params = SnapKVConfig(obs_window=w, pool_kernel=kernel)
+    policy = make_policy("snapkv", llama_model, len(toks) + n_gen, budget=BudgetConfig(kv_budget=256, chunk=128),
+                         params=params)
     policy.prefill(toks)
     got = _resident_positions(policy)
 
-    ref = Session(llama_model, policy.context_config(policy.session.config, 1024, 128))
+    ref = Session(llama_model, policy.session.config.sized(1024, 128))
     ref.hook.enable_query_capture()
     n_prefix = len(toks) - w
     ref.decode(toks[:n_prefix], logits="none")
@@ -139,8 +139,8 @@ def test_snapkv_keeps_the_pooled_vote_winners(llama_model):
 
 def test_chunkkv_keeps_whole_chunks(llama_model):
     toks = _tokens(llama_model, 1000)
-    policy = make_policy("chunkkv", llama_model, len(toks) + 4, config=SekvConfig(kv_budget=256, chunk=128),
-                         baseline=BaselineConfig(obs_window=16, chunk_size=10))
+    policy = make_policy("chunkkv", llama_model, len(toks) + 4, budget=BudgetConfig(kv_budget=256, chunk=128),
+                         params=ChunkKVConfig(obs_window=16, chunk_size=10))
     policy.prefill(toks)
     got = _resident_positions(policy)
     prefix = got[got < len(toks) - 16]
@@ -156,8 +156,8 @@ def test_pyramidkv_layers_keep_shrinking_sets_within_the_budget(llama_model, tin
 
     deep = load_model(write_tiny_llama(tiny_llama.parent / "deep.gguf", TinySpec(n_layer=4)))
     toks = _tokens(deep, 1000)
-    policy = make_policy("pyramidkv", deep, len(toks) + 4, config=SekvConfig(kv_budget=256, chunk=128),
-                         baseline=BaselineConfig(obs_window=16, pyramid_beta=4))
+    policy = make_policy("pyramidkv", deep, len(toks) + 4, budget=BudgetConfig(kv_budget=256, chunk=128),
+                         params=PyramidKVConfig(obs_window=16, pyramid_beta=4))
     policy.prefill(toks)
     hook = policy.session.hook
     resident = np.flatnonzero(hook.cells_pos() >= 0)
@@ -176,34 +176,36 @@ def test_pyramidkv_layers_keep_shrinking_sets_within_the_budget(llama_model, tin
 
 def test_quest_is_blocks_without_summary_rows(llama_model):
     toks = _tokens(llama_model, 1500)
-    policy = make_policy("quest", llama_model, len(toks) + 4, config=SekvConfig(kv_budget=512, chunk=128),
-                         baseline=BaselineConfig(block=16))
+    policy = make_policy("quest", llama_model, len(toks) + 4, budget=BudgetConfig(kv_budget=512, chunk=128),
+                         params=QuestConfig(block=16))
     generate(policy, toks, 4, stop_at_eos=False)
-    assert policy.spans and all(s.length == 16 and s.summary_cell == -1 for s in policy.spans)
-    assert not policy.anchors and policy.router.score_kind == "bound"
+    spans = policy.store.spans
+    assert spans and all(s.length == 16 and s.summary_cell == -1 for s in spans)
+    assert not policy.anchors and policy.router.name == "bound"
     policy.close()
 
 
 def test_sentencekv_spans_are_sentences(llama_model):
     toks = _tokens(llama_model, 1500)
-    policy = make_policy("sentencekv", llama_model, len(toks) + 4, config=SekvConfig(kv_budget=512, chunk=128))
+    policy = make_policy("sentencekv", llama_model, len(toks) + 4, budget=BudgetConfig(kv_budget=512, chunk=128))
     generate(policy, toks, 4, stop_at_eos=False)
-    assert len(policy.spans) > 10 and all(s.summary_cell == -1 for s in policy.spans)
+    spans = policy.store.spans
+    assert len(spans) > 10 and all(s.summary_cell == -1 for s in spans)
     session = policy.session
     ends = 0
-    for span in policy.spans:
+    for span in spans:
         last = toks[int(span.positions[-1])]
         piece = session.piece(last)
         ends += b"\n" in piece or piece.rstrip().endswith((b".", b"!", b"?"))
         assert span.length <= policy.config.span_max
-    assert ends >= 0.9 * len(policy.spans)  # only sentences longer than span_max are cut elsewhere
-    assert policy.router.score_kind == "centroid"
+    assert ends >= 0.9 * len(spans)  # only sentences longer than span_max are cut elsewhere
+    assert policy.router.name == "centroid"
     policy.close()
 
 
 def test_semanticache_merges_into_cores_with_log_count_bias(llama_model):
     toks = _tokens(llama_model, 2000)
-    policy = make_policy("semanticache", llama_model, len(toks) + 4, config=SekvConfig(kv_budget=512, chunk=128))
+    policy = make_policy("semanticache", llama_model, len(toks) + 4, budget=BudgetConfig(kv_budget=512, chunk=128))
     generate(policy, toks, 4, stop_at_eos=False)
     hook = policy.session.hook
     resident = np.flatnonzero(hook.cells_pos() >= 0)
@@ -224,11 +226,30 @@ def test_bad_policy_inputs():
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
         make_policy("nope", None, 100)
     with pytest.raises(ValueError, match="kv_budget must be > 0"):
-        SekvConfig(kv_budget=0)
+        BudgetConfig(kv_budget=0)
     with pytest.raises(ValueError, match="pool_kernel"):
-        BaselineConfig(pool_kernel=4)
+        SnapKVConfig(pool_kernel=4)
+
+
+def test_a_wrong_option_fails(llama_model):
+    """Each policy takes its own parameter dataclass and nothing else; only the routing policy takes a router."""
+    from sekv_gguf.router import SummaryRouter
+
+    with pytest.raises(TypeError, match="SnapKVConfig"):
+        make_policy("snapkv", llama_model, 1000, params=H2OConfig())
+    with pytest.raises(TypeError, match="none"):
+        make_policy("full", llama_model, 1000, params=SekvConfig())
+    with pytest.raises(ValueError, match="takes no router"):
+        make_policy("h2o", llama_model, 1000, router=SummaryRouter())
+    with pytest.raises(TypeError):
+        H2OConfig(obs_window=3)  # a SnapKV option
+
+
+def test_one_cell_rounding_rule():
+    assert [round_cells(n) for n in (1, 256, 257, 1000)] == [256, 256, 512, 1024]
+    assert BudgetConfig(kv_budget=0.1).cells(4096) == 512 and BudgetConfig(kv_budget=300).cells(10) == 512
 
 
 def test_eviction_budget_too_small(llama_model):
     with pytest.raises(BudgetError, match="cannot hold"):
-        make_policy("h2o", llama_model, 5000, config=SekvConfig(kv_budget=8, chunk=256, cell_granularity=1))
+        make_policy("h2o", llama_model, 5000, budget=BudgetConfig(kv_budget=8, chunk=256, cell_granularity=1))

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 from tqdm import tqdm
 
-from ..config import ContextConfig, SekvConfig
+from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..documents import stdlib_prose
 from ..engine import generate, make_policy
 from ..errors import SekvError
@@ -41,8 +41,10 @@ class EvalConfig:
     fidelity_docs: int = 1
     fidelity_steps: int = 64
     seed: int = 0
-    sekv: dict[str, Any] = field(default_factory=dict)  # SekvConfig overrides (besides kv_budget)
+    sekv: dict[str, Any] = field(default_factory=dict)  # SekvConfig overrides
     adapter: str | None = None  # trained router adapter for sekv (its runs are named "sekv-trained")
+    fidelity_stride: int = 7919 * 13  # characters between the fidelity documents' starts in the prose (a prime
+    # multiple, so that documents of one run start at unrelated places)
 
     def __post_init__(self) -> None:
         for kind, names, known in (("policy", self.policies, POLICIES), ("task", self.tasks, TASKS)):
@@ -78,7 +80,8 @@ def check_lengths(model: Any, cfg: EvalConfig) -> None:
 
 def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = None, progress: bool = True,
               log: Callable[[str], None] | None = None, router: Any = None) -> dict[str, Any]:
-    """Run every (task case, policy, budget) and the fidelity documents; returns cases, fidelity and a summary."""
+    """Run every (task case, policy, budget) and the fidelity documents; returns cases, fidelity and a summary.
+    ``router`` (stateless, see ``sekv_gguf.router``) replaces sekv's training-free score in every sekv run."""
     check_lengths(model, cfg)
     ctx_config = ctx_config or ContextConfig()
     tokenize = lambda text: model.tokenize(text.encode("utf-8"), add_bos=True, special=False)  # noqa: E731
@@ -91,15 +94,16 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
     fidelity: list[dict[str, Any]] = []
 
     def make(name: str, budget: float | None, n_context: int):
-        config = SekvConfig(**{**cfg.sekv, "kv_budget": budget if budget is not None else 1.0})
-        extra = {"router": router} if router is not None and name == "sekv" else {}
-        return make_policy(name, model, n_context, ctx_config, config, **extra)
+        params = SekvConfig(**cfg.sekv) if name == "sekv" else None
+        return make_policy(name, model, n_context, ctx_config, BudgetConfig(kv_budget=budget or 1.0), params,
+                           router=router if name == "sekv" else None)
 
     def label(name: str) -> str:
         if name != "sekv":
             return name
         if router is not None:
-            return "sekv-trained-only" if cfg.sekv.get("verify_candidates") == 0 else "sekv-trained"
+            only = getattr(router, "candidates", None) == 0  # a trained score without exact-mass verification
+            return f"sekv-{router.name}" + ("-only" if only else "")
         score = cfg.sekv.get("router", SekvConfig.router)
         return name if score == SekvConfig.router else f"sekv-{score}"
 
@@ -136,7 +140,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                         bar.update(1)
         prose = stdlib_prose()
         for doc in range(cfg.fidelity_docs):
-            offset = (len(prose) // 3 + doc * 7919 * 13) % len(prose)
+            offset = (len(prose) // 3 + doc * cfg.fidelity_stride) % len(prose)
             tokens = tokenize((prose[offset:] + prose[:offset]) * (1 + 8 * length // max(len(prose), 1)))[:length]
             full = make("full", None, length)
             try:

@@ -7,20 +7,19 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..config import ContextConfig
 from ..session import Session
-
-GRANULARITY = 256  # llama.cpp allocates KV cells in multiples of this
-
-
-def pad_cells(n: int) -> int:
-    return max(GRANULARITY, -(-n // GRANULARITY) * GRANULARITY)
 
 
 class Policy(ABC):
-    """Prefill a prompt, then decode one token at a time; ``stats`` reports what the cache held."""
+    """Prefill a prompt, then decode one token at a time; ``stats`` reports what the cache held.
+
+    Constructors take ``(model, n_context, ctx_config, budget, params, observer)``: the model, prompt + generation
+    tokens, the context settings, the shared ``BudgetConfig`` and the policy's own parameters (an instance of
+    ``Params``, None for a policy without any); a policy that ``routes`` also takes a ``router``."""
 
     name: str = "policy"
+    Params: type | None = None  # the dataclass of the policy's own parameters
+    routes: bool = False        # takes a ``router`` (``sekv_gguf.router``)
 
     def __init__(self, session: Session, observer: Callable[["Policy"], None] | None = None):
         self.session = session
@@ -46,13 +45,6 @@ class Policy(ABC):
 
     def close(self) -> None:
         self.session.close()
-
-    @staticmethod
-    def context_config(base: ContextConfig, n_ctx: int, chunk: int) -> ContextConfig:
-        """``base`` with the cache size and batch sizes this policy needs."""
-        return ContextConfig(n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk, n_threads=base.n_threads,
-                             flash_attn=base.flash_attn, swa_full=base.swa_full, type_k=base.type_k,
-                             type_v=base.type_v, n_gpu_layers=base.n_gpu_layers, verbose=base.verbose)
 
 
 class StreamedPolicy(Policy):

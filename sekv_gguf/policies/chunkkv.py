@@ -3,18 +3,32 @@ Inference", 2025): SnapKV's observation-window votes summed over fixed chunks of
 chunks are kept or dropped, so a kept fact keeps its neighbours. The paper reuses one layer's indices for adjacent
 layers; here every hooked layer shares one index set (cells are shared by the layers), its extreme form.
 
-Parameters: ``SekvConfig.kv_budget``, ``SekvConfig.n_sink`` (always kept); ``BaselineConfig.obs_window``,
-``BaselineConfig.chunk_size``."""
+Parameters: ``BudgetConfig.kv_budget``, ``n_sink`` (always kept); ``ChunkKVConfig``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from .snapkv import SnapKVPolicy
+from .snapkv import SnapKVConfig, SnapKVPolicy
+
+
+@dataclass
+class ChunkKVConfig(SnapKVConfig):
+    """chunk_size: chunk length in tokens (kept or dropped whole); the rest: ``SnapKVConfig``."""
+
+    chunk_size: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
 
 
 class ChunkKVPolicy(SnapKVPolicy):
     name = "chunkkv"
+    Params = ChunkKVConfig
 
     def select(self, votes: np.ndarray, n_keep: int) -> list[np.ndarray]:
         size = self.params.chunk_size

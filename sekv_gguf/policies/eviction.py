@@ -3,14 +3,33 @@ gone for good (unlike SeKV, which keeps everything at two resolutions)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from ..config import BaselineConfig, ContextConfig, SekvConfig
+from ..config import BudgetConfig, ContextConfig
 from ..errors import BudgetError
 from ..session import Session
 from .base import Policy, StreamedPolicy
+from .budget import BudgetPlan
+
+
+@dataclass
+class EvictionConfig:
+    """evict_batch: tokens evicted at once when the cache is full during decode (1 = the papers' per-step eviction;
+    larger batches cut the per-step host work, the kept set differs only in the last few choices).
+    chunk_share: largest prompt chunk as a share of the budget (an eviction cache reserves nothing else, so it
+    streams in larger chunks than SeKV)."""
+
+    evict_batch: int = 16
+    chunk_share: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.evict_batch < 1:
+            raise ValueError(f"evict_batch must be >= 1, got {self.evict_batch}")
+        if not 0 < self.chunk_share <= 1:
+            raise ValueError(f"chunk_share must be in (0, 1], got {self.chunk_share}")
 
 
 class EvictionPolicy(StreamedPolicy):
@@ -18,21 +37,20 @@ class EvictionPolicy(StreamedPolicy):
     tokens to release (never the ``n_sink`` first tokens, never the newest one). ``observe`` runs after every
     decode (prompt chunk or generated token) to update the policy's scores."""
 
+    Params: type = EvictionConfig
     needs_queries = False  # enable the hook's query capture
 
-    def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, config: SekvConfig | None = None,
-                 baseline: BaselineConfig | None = None, observer: Callable[[Policy], None] | None = None, **_: Any):
-        self.config = config = config or SekvConfig()
-        self.params = baseline or BaselineConfig()
-        self.n_context = n_context
-        self.budget = config.budget_cells(n_context)
-        self.fits = n_context <= self.budget
-        self.chunk = min(config.chunk, max(self.budget // 4, 1))
-        self.n_sink = min(config.n_sink, self.budget)
+    def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,
+                 params: EvictionConfig | None = None, observer: Callable[[Policy], None] | None = None):
+        self.params = params or self.Params()
+        plan = BudgetPlan.of(budget or BudgetConfig(), n_context, chunk_share=self.params.chunk_share)
+        self.plan = plan
+        self.n_context, self.budget, self.fits, self.chunk = n_context, plan.cells, plan.fits, plan.chunk
+        self.n_sink = min(plan.config.n_sink, self.budget)
         if not self.fits and self.budget < self.n_sink + self.chunk + self.params.evict_batch + 1:
             raise BudgetError(f"kv_budget of {self.budget} cells cannot hold {self.n_sink} sinks, a prompt chunk of "
                               f"{self.chunk} and an eviction batch of {self.params.evict_batch}")
-        super().__init__(Session(model, self.context_config(ctx_config, self.budget, self.chunk)), observer)
+        super().__init__(Session(model, ctx_config.sized(self.budget, self.chunk)), observer)
         self.hook = self.session.hook
         self.n_layer = self.hook.info.n_layer_kv
         if self.needs_queries and not self.fits:

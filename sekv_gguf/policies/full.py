@@ -6,20 +6,21 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..config import ContextConfig, SekvConfig
+from ..config import BudgetConfig, ContextConfig, round_cells
 from ..session import Session
-from .base import Policy, pad_cells
+from .base import Policy
 
 
 class FullPolicy(Policy):
-    """Every token stays in the device cache. ``chunk`` prompt tokens per llama_decode."""
+    """Every token stays in the device cache; the budget is ignored but for ``chunk`` (prompt tokens per
+    llama_decode)."""
 
     name = "full"
 
-    def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, config: SekvConfig | None = None,
-                 observer: Callable[[Policy], None] | None = None, **_: Any):
-        chunk = (config or SekvConfig()).chunk
-        super().__init__(Session(model, self.context_config(ctx_config, pad_cells(n_context), chunk)), observer)
+    def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,
+                 params: None = None, observer: Callable[[Policy], None] | None = None):
+        chunk = (budget or BudgetConfig()).chunk
+        super().__init__(Session(model, ctx_config.sized(round_cells(n_context), chunk)), observer)
 
     def prefill(self, tokens: list[int]) -> np.ndarray:
         logits = None

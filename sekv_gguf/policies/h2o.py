@@ -6,19 +6,34 @@ resident cache rows in native code (flash attention exposes no probabilities) an
 query heads and layers, are added to each token's score. Cells are shared by all layers, so one eviction set
 serves every layer and head (the paper evicts per head). During a streamed prompt the chunk's last query votes.
 
-Parameters: ``SekvConfig.kv_budget``, ``SekvConfig.n_sink``; ``BaselineConfig.recent_share`` of the budget is the
-protected recent window, the rest heavy hitters; ``BaselineConfig.evict_batch``."""
+Parameters: ``BudgetConfig.kv_budget``, ``n_sink``; ``H2OConfig``."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import native
-from .eviction import EvictionPolicy
+from .eviction import EvictionConfig, EvictionPolicy
+
+
+@dataclass
+class H2OConfig(EvictionConfig):
+    """recent_share: share of the budget kept as the protected recent window, the rest holds heavy hitters;
+    evict_batch, chunk_share: ``EvictionConfig``."""
+
+    recent_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.recent_share < 1:
+            raise ValueError(f"recent_share must be in (0, 1), got {self.recent_share}")
 
 
 class H2OPolicy(EvictionPolicy):
     name = "h2o"
+    Params = H2OConfig
     needs_queries = True
 
     def observe(self, new: np.ndarray) -> None:

@@ -4,18 +4,33 @@ layers focus). Cells are shared by the layers, so the union of the layers' selec
 masks the tokens it did not select with the per-layer attention bias; the per-layer budgets are scaled so that the
 union fits the device budget.
 
-Parameters: ``SekvConfig.kv_budget``, ``SekvConfig.n_sink``; ``BaselineConfig.obs_window``, ``pool_kernel``,
-``pyramid_beta`` (the top layer's budget is 1/beta of the mean, the bottom layer's 2 - 1/beta of it, as the paper)."""
+Parameters: ``BudgetConfig.kv_budget``, ``n_sink``; ``PyramidKVConfig``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from .snapkv import SnapKVPolicy
+from .snapkv import SnapKVConfig, SnapKVPolicy
+
+
+@dataclass
+class PyramidKVConfig(SnapKVConfig):
+    """pyramid_beta: the top layer keeps 1/beta of the mean per-layer budget, the bottom layer 2 - 1/beta of it (as
+    the paper); the rest: ``SnapKVConfig``."""
+
+    pyramid_beta: float = 20.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pyramid_beta < 1:
+            raise ValueError(f"pyramid_beta must be >= 1, got {self.pyramid_beta}")
 
 
 class PyramidKVPolicy(SnapKVPolicy):
     name = "pyramidkv"
+    Params = PyramidKVConfig
 
     def select(self, votes: np.ndarray, n_keep: int) -> list[np.ndarray]:
         n_layer, n_prefix = votes.shape

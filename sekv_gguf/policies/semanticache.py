@@ -6,77 +6,88 @@ attention). Clustering is per hooked layer (k-means, scipy) with the same number
 so one set of cells serves all layers and the per-layer bias carries each layer's counts. The merge is final: the
 members' rows are gone (the semantic-grouping weak point SeKV addresses).
 
-Parameters: ``SekvConfig.kv_budget``, ``n_sink``, ``window``/``window_max``, ``chunk``, ``span_max`` (longest
-chunk); the merge ratio (cores per token) follows from the budget: everything merged must fit beside the sinks,
-the window and a prompt chunk."""
+Parameters: ``BudgetConfig.kv_budget``, ``n_sink``, ``window``, ``chunk``; ``SemantiCacheConfig``. The merge
+ratio (cores per token) follows from the budget: everything merged must fit beside the sinks, the window and a
+prompt chunk."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 from scipy.cluster.vq import kmeans2
 
-from ..config import ContextConfig, SekvConfig
+from ..config import BudgetConfig, ContextConfig
 from ..errors import BudgetError
-from ..segment import SentenceEnds, SentenceSegmenter
+from ..segment import SentenceSegmenter
 from ..session import Session
 from .base import Policy, StreamedPolicy
+from .budget import BudgetPlan
+from .window import Window
 
 NEG_INF = float("-inf")
 
 
+@dataclass
+class SemantiCacheConfig:
+    """span_max: longest sentence piece of a chunk; max_sentences: a budget that needs chunks of more than
+    ``max_sentences * span_max`` tokens per merged core is refused (the merge would blur whole paragraphs);
+    delimiters: token endings that close a sentence (besides a line break)."""
+
+    span_max: int = 64
+    max_sentences: int = 4
+    delimiters: tuple[bytes, ...] = (b".", b"!", b"?", b";", b":")
+
+    def __post_init__(self) -> None:
+        if self.span_max < 1 or self.max_sentences < 1 or not self.delimiters:
+            raise ValueError(f"span_max and max_sentences must be >= 1 and delimiters non-empty, got {self}")
+
+
 class SemantiCachePolicy(StreamedPolicy):
     name = "semanticache"
+    Params = SemantiCacheConfig
 
-    def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, config: SekvConfig | None = None,
-                 observer: Callable[[Policy], None] | None = None, **_: Any):
-        self.config = config = config or SekvConfig()
-        self.n_context = n_context
-        self.budget = config.budget_cells(n_context)
-        self.fits = n_context <= self.budget
-        self.chunk = min(config.chunk, max(self.budget // 8, 1))
-        self.window = n_context if self.fits else (config.window or min(config.window_max, self.budget // 8))
-        room = self.budget - config.n_sink - self.window - self.chunk - config.span_max
-        compressed = max(n_context - config.n_sink - self.window, 1)
+    def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,
+                 params: SemantiCacheConfig | None = None, observer: Callable[[Policy], None] | None = None):
+        self.params = params = params or SemantiCacheConfig()
+        self.plan = plan = BudgetPlan.of(budget or BudgetConfig(), n_context)
+        self.budget, self.fits, self.chunk, self.n_sink = plan.cells, plan.fits, plan.chunk, plan.config.n_sink
+        room = self.budget - self.n_sink - plan.window - self.chunk - params.span_max
+        compressed = max(n_context - self.n_sink - plan.window, 1)
         self.ratio = room / compressed  # merged cells per compressed token
         self.min_chunk = math.ceil(1 / self.ratio) if self.ratio > 0 else 0
-        if not self.fits and (room < 1 or self.min_chunk > config.span_max * 4):
+        if not self.fits and (room < 1 or self.min_chunk > params.span_max * params.max_sentences):
             raise BudgetError(f"kv_budget of {self.budget} cells leaves {room} cells for merged cores of "
                               f"{compressed} tokens; use a larger budget")
-        super().__init__(Session(model, self.context_config(ctx_config, self.budget, self.chunk)), observer)
+        super().__init__(Session(model, ctx_config.sized(self.budget, self.chunk)), observer)
         self.hook = self.session.hook
         self.n_layer = self.hook.info.n_layer_kv
         if not self.fits:
             self.hook.enable_bias()
-        self.segmenter = SentenceSegmenter(config)
+        self.segmenter = SentenceSegmenter(params.span_max, params.delimiters)
         self.n_sinks = 0
-        self.win_pos: list[int] = []
-        self.win_cell: list[int] = []
-        self.win_end: list[float] = []  # 1 where the token ends a sentence
+        self.window = Window()  # signal: 1 where the token ends a sentence
         self.cores = 0
         self.merged_tokens = 0
-        self._ends = SentenceEnds(self.session.piece, marks=(b".", b"!", b"?", b";", b":"))
 
     def _decode(self, tokens: list[int]) -> np.ndarray:
         p0 = self.session.pos_max() + 1
         logits = self.session.decode(tokens)
         cells = self.hook.cells_from(p0)  # [n] the new tokens' cells, in position order
-        n_sink = min(self.config.n_sink - self.n_sinks, len(tokens)) if not self.win_pos else 0
+        n_sink = min(self.n_sink - self.n_sinks, len(tokens)) if not len(self.window) else 0
         self.n_sinks += n_sink
-        ends = self._ends(tokens)  # [n] 1 at delimiters
-        self.win_pos.extend(range(p0 + n_sink, p0 + len(tokens)))
-        self.win_cell.extend(int(c) for c in cells[n_sink:])
-        self.win_end.extend(float(e) for e in ends[n_sink:])
+        ends = self.segmenter.signal(tokens, None, self.session.piece)  # [n] 1 at delimiters
+        self.window.extend(np.arange(p0 + n_sink, p0 + len(tokens)), cells[n_sink:], ends[n_sink:])
         self._maintain()
         return logits
 
     def _maintain(self) -> None:
-        over = len(self.win_pos) - self.window
+        over = len(self.window) - self.plan.window
         if self.fits or over <= 0:
             return
-        seg = self.segmenter.cut(np.asarray(self.win_end[:over]))
+        seg = self.segmenter.cut(self.window.signal[:over])
         groups: list[np.ndarray] = []
         pending: list[np.ndarray] = []
         for span in seg.spans:  # join sentences until a chunk holds at least min_chunk tokens
@@ -88,10 +99,10 @@ class SemantiCachePolicy(StreamedPolicy):
             return
         done = int(groups[-1][-1]) + 1  # window indices [0, done) are merged
         self._merge(groups)
-        del self.win_pos[:done], self.win_cell[:done], self.win_end[:done]
+        self.window.drop_oldest(done)
 
     def _merge(self, groups: list[np.ndarray]) -> None:
-        cells = np.asarray(self.win_cell, dtype=np.int32)
+        cells = self.window.cell
         all_cells = np.concatenate([cells[g] for g in groups])
         n_cores = [max(1, int(self.ratio * g.size)) for g in groups]
         rows_k, rows_v, bias = [], [], []  # per layer: f16 [sum cores, Hkv*d] and f32 [sum cores]
@@ -123,7 +134,7 @@ class SemantiCachePolicy(StreamedPolicy):
         if free.size < total:
             raise BudgetError(f"no room for {total} merged cells within the budget of {self.budget}")
         free = free[:total]
-        positions = np.repeat([int(self.win_pos[int(g[-1])]) for g in groups], n_cores)
+        positions = np.repeat([int(self.window.pos[int(g[-1])]) for g in groups], n_cores)
         self.hook.claim(free, positions)
         for ikv in range(self.n_layer):
             self.hook.set_rows(ikv, free, rows_k[ikv], rows_v[ikv])

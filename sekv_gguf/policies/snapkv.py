@@ -8,23 +8,41 @@ window is decoded one token at a time there so that the hook captures each of it
 layers, so one selection serves all — the paper selects per head) pick the prompt tokens copied into the budget
 context. Generated tokens are appended; if generation overflows the budget the oldest non-sink tokens go.
 
-Parameters: ``SekvConfig.kv_budget``, ``SekvConfig.n_sink`` (always kept), ``SekvConfig.chunk``;
-``BaselineConfig.obs_window``, ``BaselineConfig.pool_kernel`` (average pooling), ``BaselineConfig.evict_batch``."""
+Parameters: ``BudgetConfig.kv_budget``, ``n_sink`` (always kept), ``chunk``; ``SnapKVConfig``."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.ndimage import uniform_filter1d
 
 from .. import native
+from ..config import round_cells
 from ..session import Session
-from .base import pad_cells
-from .eviction import EvictionPolicy
-from .transfer import cell_of_position, copy_tokens
+from ..transfer import copy_tokens
+from .eviction import EvictionConfig, EvictionPolicy
+
+
+@dataclass
+class SnapKVConfig(EvictionConfig):
+    """obs_window: the last prompt tokens whose queries vote; pool_kernel: average pooling of the votes over
+    neighbouring positions (odd); evict_batch, chunk_share: ``EvictionConfig``."""
+
+    obs_window: int = 32
+    pool_kernel: int = 7
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.obs_window < 1:
+            raise ValueError(f"obs_window must be >= 1, got {self.obs_window}")
+        if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
+            raise ValueError(f"pool_kernel must be a positive odd number, got {self.pool_kernel}")
 
 
 class SnapKVPolicy(EvictionPolicy):
     name = "snapkv"
+    Params = SnapKVConfig
 
     def pooled(self, votes: np.ndarray) -> np.ndarray:
         """Average-pooled votes [n_prefix] (float64) with the sinks forced in."""
@@ -44,8 +62,7 @@ class SnapKVPolicy(EvictionPolicy):
         n_keep = self.budget - w - max(n_gen, 0) - 1
         if self.fits or len(tokens) <= self.budget - max(n_gen, 0) or n_keep < self.n_sink or w < 1:
             return super().prefill(tokens)
-        full = Session(self.session.model, self.context_config(self.session.config, pad_cells(len(tokens)),
-                                                               self.config.chunk))
+        full = Session(self.session.model, self.session.config.sized(round_cells(len(tokens)), self.plan.config.chunk))
         try:
             full.hook.enable_query_capture()
             n_prefix = len(tokens) - w
@@ -53,7 +70,7 @@ class SnapKVPolicy(EvictionPolicy):
                 full.decode(tokens[c0:min(c0 + full.n_batch, n_prefix)], logits="none")
                 self.n_prefilled = min(c0 + full.n_batch, n_prefix)
                 self.notify()
-            prefix_cells = cell_of_position(full, n_prefix)
+            prefix_cells = full.hook.cells_of(n_prefix)
             votes = np.zeros((self.n_layer, n_prefix), dtype=np.float32)  # [n_layer, n_prefix]
             keys = [full.hook.get_rows(ikv, prefix_cells)[0] for ikv in range(self.n_layer)]  # f16 [n, Hkv, d]
             logits = None

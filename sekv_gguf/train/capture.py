@@ -17,9 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ContextConfig, SekvConfig
-from ..policies.base import Policy, pad_cells
-from ..policies.transfer import cell_of_position
+from ..config import BudgetConfig, ContextConfig, SekvConfig, round_cells
 from ..segment import Segmenter
 from ..session import Session
 from ..spans import sketches, weighted_mean
@@ -30,7 +28,8 @@ class CaptureConfig:
     """n_queries: decoded positions per document; window: recent tokens kept exact (not in spans);
     min_span_mass: smallest share of a query's attention on spans to keep it; label_mass: share of the span mass
     the labelled spans cover; spread_rank: principal directions of each span's keys kept for the student
-    (``spans.spread``); n_centroids, kmeans_iters: ``spans.centroids`` of each span's keys."""
+    (``spans.spread``); n_centroids, kmeans_iters: ``spans.centroids`` of each span's keys; min_spans: a document
+    must leave room for at least this many longest spans before its window."""
 
     n_queries: int = 48
     window: int = 256
@@ -39,10 +38,11 @@ class CaptureConfig:
     spread_rank: int = 8
     n_centroids: int = 4
     kmeans_iters: int = 5
+    min_spans: int = 4
 
     def __post_init__(self) -> None:
         if self.n_queries < 1 or self.window < 1 or not 0 <= self.min_span_mass < 1 or not 0 < self.label_mass <= 1 \
-                or self.spread_rank < 1 or self.n_centroids < 1 or self.kmeans_iters < 0:
+                or self.spread_rank < 1 or self.n_centroids < 1 or self.kmeans_iters < 0 or self.min_spans < 1:
             raise ValueError(f"bad capture config {self}")
 
 
@@ -52,21 +52,21 @@ def _lse(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConfig,
-            ctx_config: ContextConfig | None = None) -> dict[str, np.ndarray]:
+            ctx_config: ContextConfig | None = None, budget: BudgetConfig | None = None) -> dict[str, np.ndarray]:
     """Arrays per hooked layer ``ikv``: q{ikv} [N, H, d], keys{ikv} [S, Hkv, d], dirs{ikv} [S, Hkv, r, d],
     var{ikv}, lo{ikv}, hi{ikv} [S, Hkv, r] (``spans.spread``), kmin{ikv} / kmax{ikv} [S, Hkv, d] (channel-wise),
     mu{ikv} [S, Hkv, c, d] and logw{ikv} [S, Hkv, c] (``spans.centroids``), l_true{ikv} [N, H, S], l_sum{ikv}
     [N, H, S], l_rest{ikv} [N, H], y{ikv} [N, H, S]; and lengths [S]."""
-    ctx_config = ctx_config or ContextConfig()
+    ctx_config, budget = ctx_config or ContextConfig(), budget or BudgetConfig()
     n = len(tokens)
     n_pre = n - cap.n_queries
-    if n_pre < sekv.n_sink + cap.window + 4 * sekv.span_max:
+    if n_pre < budget.n_sink + cap.window + cap.min_spans * sekv.span_max:
         raise ValueError(f"a document of {n} tokens is too short to capture from")
-    s = Session(model, Policy.context_config(ctx_config, pad_cells(n), sekv.chunk))
+    s = Session(model, ctx_config.sized(round_cells(n), budget.chunk))
     try:
         s.hook.enable_query_capture()
         surp, _ = s.decode_scored(tokens[:n_pre], None)
-        n_sink = sekv.n_sink
+        n_sink = budget.n_sink
         seg = Segmenter(sekv, int(sekv.anchor_share * n)).cut(surp[n_sink:n_pre - cap.window], final=True)
         spans = [n_sink + g for g in seg.spans]
         lengths = np.array([g.size for g in spans], dtype=np.float64)
@@ -76,7 +76,7 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
         n_layer = s.hook.info.n_layer_kv
         layer = s.hook.layers[0]
         n_head, n_head_kv, group = layer.n_head, layer.n_head_kv, layer.n_head // layer.n_head_kv
-        keys_all = [s.hook.get_rows(ikv, cell_of_position(s, n_pre))[0].astype(np.float64)
+        keys_all = [s.hook.get_rows(ikv, s.hook.cells_of(n_pre))[0].astype(np.float64)
                     for ikv in range(n_layer)]  # [n_pre, Hkv, d] per layer
         summaries = [np.stack([weighted_mean(k[g], surp[g]) for g in spans]).astype(np.float64)
                      for k in keys_all]  # [S, Hkv, d]

@@ -1,4 +1,5 @@
-"""The trained router's student model and its loss, in numpy with hand-written gradients.
+"""The trained router's loss and its hand-written gradients, in numpy (the scoring function itself, ``Params`` and
+``alphas``, lives in ``sekv_gguf.features``, which decoding uses too).
 
 Per (hooked layer, query head) the router has a projection ``W`` [P, d], a bias ``b``, feature weights ``theta``
 [F] and a threshold ``tau``. For a query q [d] and span s (summary key k̄_s, length |S_s|, features phi_fs from
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..features import INITIAL_WEIGHTS, SpanFeatures, features
+from ..features import Params, SpanFeatures, alphas, features, forward
 
 
 @dataclass
@@ -49,63 +50,17 @@ def make_batch(q: np.ndarray, spans: SpanFeatures, l_true: np.ndarray, l_sum: np
 
 
 @dataclass
-class Params:
-    """One (layer, head)'s trainable router: W [P, d], b [1] and theta [F] (arrays, so Adam updates them in place)."""
-
-    w: np.ndarray
-    b: np.ndarray
-    theta: np.ndarray
-
-    @classmethod
-    def initial(cls, w: np.ndarray) -> "Params":
-        """The Gaussian mass estimate plus the learned match term from ``w``."""
-        return cls(w=w.copy(), b=np.zeros(1), theta=np.array(INITIAL_WEIGHTS, dtype=np.float64))
-
-    def arrays(self) -> list[np.ndarray]:
-        return [self.w, self.b, self.theta]
-
-
-@dataclass
 class LossWeights:
     bce: float = 0.1
     pos_weight: float = 10.0
     budget: float = 0.05
 
 
-@dataclass
-class _Forward:
-    a: np.ndarray      # [N, P]  W q
-    chat: np.ndarray   # [S, P]  normalize(W k̄)
-    nc: np.ndarray     # [S, 1]  |W k̄|
-    soft: np.ndarray   # [N, S]  softmax_s e_s
-    alpha: np.ndarray  # [N, S]
-
-
-def _forward(p: Params, q: np.ndarray, keys: np.ndarray, phi: np.ndarray, lengths: np.ndarray) -> _Forward:
-    n_p = p.w.shape[0]
-    a = q @ p.w.T                                                   # [N, P]
-    c = keys @ p.w.T                                                # [S, P]
-    nc = np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12)  # [S, 1]
-    chat = c / nc                                                   # [S, P]
-    e = a @ chat.T / np.sqrt(n_p) + np.tensordot(p.theta, phi, axes=1) + np.log(lengths)[None, :]  # [N, S]
-    top = e.max(axis=1, keepdims=True)
-    soft = np.exp(e - top)
-    total = soft.sum(axis=1, keepdims=True)
-    z = e - (top + np.log(total)) + p.b[0]                          # [N, S]
-    return _Forward(a=a, chat=chat, nc=nc, soft=soft / total, alpha=1.0 / (1.0 + np.exp(-z)))
-
-
-def alphas(p: Params, q: np.ndarray, spans: SpanFeatures, phi: np.ndarray | None = None) -> np.ndarray:
-    """alpha [N, S] for queries q [N, d] (see the module docstring); ``phi``: features(q, spans) if known."""
-    phi = features(q, spans) if phi is None else phi
-    return _forward(p, q, spans.keys, phi, spans.lengths).alpha
-
-
 def loss_and_grad(p: Params, batch: Batch, lw: LossWeights) -> tuple[float, Params, dict]:
     """Loss of one batch, its gradients (a ``Params`` of the same shapes) and the parts of the loss."""
     n_p = p.w.shape[0]
     q, keys, lengths, n_q = batch.q, batch.spans.keys, batch.spans.lengths, batch.q.shape[0]
-    f = _forward(p, q, keys, batch.phi, lengths)
+    f = forward(p, q, keys, batch.phi, lengths)
     alpha = np.clip(f.alpha, 1e-12, 1 - 1e-12)
 
     # mixed-resolution attention over (rest, spans), in a shifted exponent space per query

@@ -1,4 +1,5 @@
-"""Moving a prefilled prompt from a temporary full-size context into a budget context (exact prefill modes)."""
+"""Copying tokens from one session to another: a prompt prefilled in a temporary full-size context moves into a
+budget-sized one (exact prefill, SnapKV's selection)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,8 @@ import ctypes
 import llama_cpp
 import numpy as np
 
-from ..errors import BudgetError
-from ..session import Session
-
-
-def cell_of_position(session: Session, n: int) -> np.ndarray:
-    """int32 [n]: the cell of positions 0..n-1 of sequence 0 in ``session``'s hooked cache."""
-    pos = session.hook.cells_pos()
-    cells = np.full(n, -1, dtype=np.int32)
-    held = np.flatnonzero((pos >= 0) & (pos < n))
-    cells[pos[held]] = held
-    if (cells < 0).any():
-        raise BudgetError(f"positions {np.flatnonzero(cells < 0)[:5].tolist()} are not in the source cache")
-    return cells
+from .errors import BudgetError
+from .session import Session
 
 
 def copy_swa_state(src: Session, dst: Session) -> None:
@@ -36,7 +26,7 @@ def copy_tokens(src: Session, dst: Session, positions: np.ndarray) -> np.ndarray
     """Claim cells 0..k-1 of ``dst`` for ``positions`` (ascending) and copy their K/V rows from ``src`` in every
     hooked layer; the sliding-window cache of an iSWA model comes over too. Returns the cells (int32 [k])."""
     positions = np.asarray(positions, dtype=np.int32)
-    src_cells = cell_of_position(src, int(positions.max()) + 1 if positions.size else 0)[positions]
+    src_cells = src.hook.cells_of(int(positions.max()) + 1 if positions.size else 0)[positions]
     if src.hook.info.is_iswa:
         copy_swa_state(src, dst)
     cells = np.arange(positions.size, dtype=np.int32)

@@ -1,0 +1,85 @@
+"""Zoom slots: the cells of the budget reserved for rebuilt spans. Per hooked layer they hold that layer's zoomed
+spans (bias 0; the span's summary row gets -inf) or nothing (bias -inf); a layer keeps what it zoomed until the
+slots are needed for newer choices (least recently chosen first)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import native
+from ..hook import KVHook
+from ..spans import Span
+
+NEG_INF = float("-inf")
+
+
+class ZoomSlots:
+    """``n_zoom`` cells claimed at position 0 (``claim``); per layer: span id -> slot indices, and each resident
+    span's last choice (decode step)."""
+
+    def __init__(self, hook: KVHook, n_zoom: int, n_layer: int, max_new: int):
+        self.hook, self.n_zoom, self.max_new = hook, n_zoom, max_new
+        self.slots = np.zeros(0, dtype=np.int32)                      # [n_zoom] cells, once claimed
+        self.resident: list[dict[int, np.ndarray]] = [{} for _ in range(n_layer)]
+        self.last_use: list[dict[int, int]] = [{} for _ in range(n_layer)]
+        self.zooms = 0         # spans rebuilt into slots
+        self.rebuilt_rows = 0  # token rows rebuilt
+
+    def claim(self, cells: np.ndarray) -> None:
+        """Take ``cells`` (free cells of the budget) as the slots, masked in every layer until used."""
+        self.slots = np.asarray(cells, dtype=np.int32)
+        self.hook.claim(self.slots, np.zeros(self.slots.size, dtype=np.int32))
+        self.hook.set_bias_cells(-1, self.slots, NEG_INF)
+
+    def choose(self, scores: np.ndarray, lengths: np.ndarray) -> list[int]:
+        """Span ids in descending score that fit the slots together (a span that does not fit is skipped)."""
+        chosen, used = [], 0
+        for sid in np.argsort(-scores, kind="stable"):
+            if used + lengths[sid] <= self.n_zoom:
+                chosen.append(int(sid))
+                used += int(lengths[sid])
+        return chosen
+
+    def zoom(self, ikv: int, chosen: list[int], spans: list[Span], step: int) -> None:
+        """Make layer ``ikv`` hold the ``chosen`` spans (score order): those resident stay, new ones are rebuilt
+        from their host factors (at most ``max_new`` after the first step), evicting the least recently chosen."""
+        hook, resident, last_use = self.hook, self.resident[ikv], self.last_use[ikv]
+        for sid in chosen:
+            if sid in resident:
+                last_use[sid] = step
+        taken = np.zeros(self.slots.size, dtype=bool)
+        for idx in resident.values():
+            taken[idx] = True
+        want = [sid for sid in chosen if sid not in resident]
+        if step > 0:
+            want = want[: self.max_new]
+        need = sum(spans[sid].length for sid in want)
+        for sid in sorted((s for s in resident if s not in chosen), key=lambda s: last_use[s]):
+            if need <= int((~taken).sum()):
+                break
+            idx = resident.pop(sid)
+            del last_use[sid]
+            taken[idx] = False
+            hook.set_bias_cells(ikv, self.slots[idx], NEG_INF)
+            if spans[sid].summary_cell >= 0:
+                hook.set_bias_cells(ikv, [spans[sid].summary_cell], math.log(spans[sid].length))
+        for sid in want:
+            span = spans[sid]
+            free = np.flatnonzero(~taken)
+            if free.size < span.length:
+                continue
+            idx = free[: span.length]
+            taken[idx] = True
+            cells = self.slots[idx]
+            k = span.k[ikv].rebuild().reshape(span.length, -1)           # [L, Hkv*d]
+            v = span.v[ikv].rebuild().reshape(span.length, -1)
+            hook.set_rows(ikv, cells, native.f32_to_f16(k), native.f32_to_f16(v))
+            hook.set_bias_cells(ikv, cells, 0.0)
+            if span.summary_cell >= 0:
+                hook.set_bias_cells(ikv, [span.summary_cell], NEG_INF)
+            resident[sid] = idx
+            last_use[sid] = step
+            self.zooms += 1
+            self.rebuilt_rows += span.length

@@ -1,0 +1,128 @@
+"""The one owner of a policy's compressed spans (SeKV's host tier).
+
+Spans arrive in batches (``SpanStore.add``): their K/V rows are factorised (``spans.factorize``) and, per hooked
+layer, the store appends what routing reads — the summary keys, channel-wise key bounds, lengths, the native
+pointer table of the host K rows (``native.SpanTable``) and, when a router asks for them, the key sketches. Nothing
+else keeps span data: routers are functions of ``(layer, query, store)``, so one router serves any number of
+stores. Spans only ever grow (a store belongs to one policy and one context).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import numpy as np
+from threadpoolctl import ThreadpoolController
+
+from . import native
+from .config import SekvConfig
+from .spans import SKETCH_FIELDS, Span, factorize, sketches, weighted_mean
+
+_BLAS = ThreadpoolController()
+
+
+def single_threaded_blas(fn: Callable) -> Callable:
+    """Run ``fn`` with one BLAS/LAPACK thread: its calls are small, and more BLAS threads only contend with
+    llama.cpp's spinning workers."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _BLAS.limit(limits=1, user_api="blas"):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+# (spread rank, centroids, k-means steps) of the key sketches a router reads (``spans.sketches``)
+SketchShape = tuple[int, int, int]
+
+
+class SpanStore:
+    """Compressed spans and, per hooked layer ``ikv``, their routing data stacked in span order:
+
+    keys[ikv]      f32 [S, Hkv, d]   summary keys (weighted mean of the span's keys)
+    kmin/kmax[ikv] f32 [S, Hkv, d]   channel-wise min / max of the span's keys
+    tables[ikv]    native.SpanTable  pointers to the host K rows (factors or raw) of every span
+    sketch[ikv]    {field: f64 [S, Hkv, ...]}  key sketches (``SKETCH_FIELDS``), when ``sketch_shape`` is set
+    lengths        f32 [S]           tokens per span
+    """
+
+    def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, config: SekvConfig,
+                 sketch_shape: SketchShape | None = None):
+        self.config = config
+        self.n_head_kv, self.head_dim = n_head_kv, head_dim
+        self.sketch_shape = sketch_shape
+        self.spans: list[Span] = []
+        self.lengths = np.zeros(0, dtype=np.float32)
+        empty = lambda: np.zeros((0, n_head_kv, head_dim), dtype=np.float32)  # noqa: E731
+        self.keys = [empty() for _ in range(n_layer)]
+        self.kmin = [empty() for _ in range(n_layer)]
+        self.kmax = [empty() for _ in range(n_layer)]
+        self.tables = [native.SpanTable(n_head_kv, head_dim) for _ in range(n_layer)]
+        self.sketch: list[dict[str, np.ndarray]] = [{} for _ in range(n_layer)]
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.keys)
+
+    def bounds(self, ikv: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.kmin[ikv], self.kmax[ikv]
+
+    @single_threaded_blas
+    def add(self, positions: list[np.ndarray], weights: list[np.ndarray],
+            rows: Callable[[int], tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Compress new spans: ``positions[i]`` int [L_i] of span i, ``weights[i]`` [L_i] its summary weights,
+        ``rows(ikv)`` the K and V rows [sum L_i, Hkv, d] of all new spans' tokens in layer ``ikv`` (span after
+        span). Returns per layer the new spans' summary rows (k̄, v̄) f16 [n_new, Hkv*d] for the device."""
+        n_new = len(positions)
+        cut = np.cumsum([0] + [p.size for p in positions])
+        new = [Span(id=len(self.spans) + i, positions=np.asarray(p, dtype=np.int32)) for i, p in enumerate(positions)]
+        summaries = []
+        for ikv in range(self.n_layer):
+            k, v = rows(ikv)                                              # [n, Hkv, d] each
+            k_parts = [k[cut[i]:cut[i + 1]].astype(np.float32) for i in range(n_new)]  # [L_i, Hkv, d]
+            v_parts = [v[cut[i]:cut[i + 1]].astype(np.float32) for i in range(n_new)]
+            for span, kf, vf in zip(new, factorize(k_parts, self.config), factorize(v_parts, self.config)):
+                span.k.append(kf)
+                span.v.append(vf)
+                self.tables[ikv].append(span.length, kf.raw, kf.us, kf.vt)
+            k_mean = np.stack([weighted_mean(p, w) for p, w in zip(k_parts, weights)])  # [n_new, Hkv, d]
+            v_mean = np.stack([weighted_mean(p, w) for p, w in zip(v_parts, weights)])
+            self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean])
+            self.kmin[ikv] = np.concatenate([self.kmin[ikv], np.stack([p.min(axis=0) for p in k_parts])])
+            self.kmax[ikv] = np.concatenate([self.kmax[ikv], np.stack([p.max(axis=0) for p in k_parts])])
+            if self.sketch_shape is not None:
+                add = {f: x.astype(np.float64) for f, x in sketches(k_parts, *self.sketch_shape).items()}
+                have = self.sketch[ikv]
+                self.sketch[ikv] = add if not have else {f: np.concatenate([have[f], add[f]]) for f in SKETCH_FIELDS}
+            summaries.append((k_mean.reshape(n_new, -1).astype(np.float16),   # [n_new, Hkv*d]
+                              v_mean.reshape(n_new, -1).astype(np.float16)))
+        self.spans.extend(new)
+        self.lengths = np.concatenate([self.lengths, [s.length for s in new]]).astype(np.float32)
+        return summaries
+
+    def place_summaries(self, first: int, cells: np.ndarray) -> None:
+        """Record the device cells that hold the summary rows of spans ``first, first+1, ...``."""
+        for span, cell in zip(self.spans[first:], cells):
+            span.summary_cell = int(cell)
+
+    # -- what the run reports ----------------------------------------------------------------------------------
+
+    @property
+    def host_bytes(self) -> int:
+        return int(sum(s.nbytes for s in self.spans))
+
+    @property
+    def span_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def rank_stats(self) -> tuple[float, float]:
+        """(mean rank, share of matrices kept raw) over every span, layer and K|V."""
+        factors = [f for s in self.spans for f in s.k + s.v]
+        if not factors:
+            return 0.0, 0.0
+        return float(np.mean([f.rank for f in factors])), float(np.mean([f.raw is not None for f in factors]))
