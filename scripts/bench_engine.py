@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from sekv_gguf.config import ContextConfig, SekvConfig  # noqa: E402
 from sekv_gguf.documents import needle_prompt  # noqa: E402
-from sekv_gguf.eval.report import commit, machine  # noqa: E402
+from sekv_gguf.provenance import commit, machine  # noqa: E402
 from sekv_gguf.engine import generate, make_policy  # noqa: E402
 from sekv_gguf.models import default_model_path  # noqa: E402
 from sekv_gguf.session import load_model  # noqa: E402

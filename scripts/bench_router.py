@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sekv_gguf.adapter import read_adapter  # noqa: E402
 from sekv_gguf.config import SekvConfig  # noqa: E402
-from sekv_gguf.eval.report import commit, machine  # noqa: E402
+from sekv_gguf.provenance import commit, machine  # noqa: E402
 from sekv_gguf.router import LowRankMassRouter, Router, TrainedRouter  # noqa: E402
 from sekv_gguf.spans import KeySketch, Span, factorize, sketches  # noqa: E402
 

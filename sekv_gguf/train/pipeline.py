@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from ..adapter import RouterAdapter, model_identity, write_adapter
 from ..config import ContextConfig, SekvConfig
-from ..eval.report import commit
+from ..provenance import commit
 from ..session import Session, load_model
 from .capture import CaptureConfig, capture
 from .corpus import documents
