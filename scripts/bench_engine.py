@@ -15,17 +15,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from sekv_gguf.config import ContextConfig, SekvConfig
+from sekv_gguf.documents import needle_prompt
+from sekv_gguf.engine import generate, make_policy
+from sekv_gguf.models import default_model_path
+from sekv_gguf.provenance import commit, machine
+from sekv_gguf.session import load_model
+from sekv_gguf.tiny_models import TinySpec, write_tiny_llama
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from sekv_gguf.config import ContextConfig, SekvConfig  # noqa: E402
-from sekv_gguf.documents import needle_prompt  # noqa: E402
-from sekv_gguf.eval.report import commit, machine  # noqa: E402
-from sekv_gguf.engine import generate, make_policy  # noqa: E402
-from sekv_gguf.models import default_model_path  # noqa: E402
-from sekv_gguf.session import load_model  # noqa: E402
-from sekv_gguf.tiny_models import TinySpec, write_tiny_llama  # noqa: E402
-
 POLICIES = ("full", "sekv")
 
 

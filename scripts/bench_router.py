@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sekv_gguf.adapter import read_adapter  # noqa: E402
-from sekv_gguf.config import SekvConfig  # noqa: E402
-from sekv_gguf.eval.report import commit, machine  # noqa: E402
-from sekv_gguf.router import LowRankMassRouter, Router, TrainedRouter  # noqa: E402
-from sekv_gguf.spans import KeySketch, Span, factorize, sketches  # noqa: E402
+from sekv_gguf.adapter import read_adapter
+from sekv_gguf.config import SekvConfig
+from sekv_gguf.provenance import commit, machine
+from sekv_gguf.router import LowRankMassRouter, Router, TrainedRouter
+from sekv_gguf.spans import KeySketch, Span, factorize, sketches
 
 
 def spans_like_gemma(rng: np.random.Generator, n: int, length: int, n_head_kv: int, d: int, a) -> tuple:

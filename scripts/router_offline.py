@@ -13,17 +13,14 @@ is also retrained on all but the last K documents and scored on those.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sekv_gguf.adapter import read_adapter  # noqa: E402
-from sekv_gguf.features import features  # noqa: E402
-from sekv_gguf.train.fit import TrainConfig, fit, span_features  # noqa: E402
-from sekv_gguf.train.student import Params, alphas  # noqa: E402
+from sekv_gguf.adapter import read_adapter
+from sekv_gguf.features import features
+from sekv_gguf.train.fit import TrainConfig, fit, span_features
+from sekv_gguf.train.student import Params, alphas
 
 
 def recovered(captures: list[dict], r: dict, top: int, min_mass: float) -> dict[str, float]:

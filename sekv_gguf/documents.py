@@ -18,8 +18,9 @@ from importlib.resources import files
 _SYLLABLES = ["va", "lor", "mi", "den", "tha", "ros", "quel", "bar", "in", "sol", "ke", "mar", "tu", "vin", "os",
               "ela", "dra", "fen", "gal", "hu", "ir", "jo", "ny", "pel", "rau", "sey", "ti", "um", "zo", "cre"]
 _RIVERS = ["Amber", "Silt", "Heron", "Cold", "Lantern", "Willow", "Iron", "Glass", "Fallow", "Ember", "Quiet", "Salt"]
-_FIRST = ["Ada", "Bruno", "Celia", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kaia", "Luca",
-          "Mira", "Nils", "Oona", "Pavel", "Rosa", "Soren", "Tamsin", "Viktor"]
+# first names of invented people (the gazetteer's harbour masters; the people of ruler_tasks' word problems)
+FIRST_NAMES = ["Ada", "Bruno", "Celia", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kaia", "Luca",
+               "Mira", "Nils", "Oona", "Pavel", "Rosa", "Soren", "Tamsin", "Viktor"]
 _LAST = ["Albrecht", "Brandt", "Castell", "Dorn", "Eskola", "Fontaine", "Graves", "Holm", "Ivanova", "Jansen",
          "Kessler", "Lindqvist", "Moreau", "Novak", "Ortega", "Petrov", "Quist", "Reyes", "Sato", "Thorne"]
 _PROSE = [
@@ -82,7 +83,7 @@ def field_report(seed: int = 0, n_sections: int = 24, prose_per_section: int = 6
         values = {
             "founded": str(rng.randint(1102, 1899)),
             "river": rng.choice(_RIVERS),
-            "master": f"{rng.choice(_FIRST)} {rng.choice(_LAST)}",
+            "master": f"{rng.choice(FIRST_NAMES)} {rng.choice(_LAST)}",
             "ledger": str(rng.randint(1000, 9999)),
         }
         sentences = [t.format(town=town, river=values["river"]) for t in rng.sample(_PROSE, prose_per_section)]

@@ -1,7 +1,9 @@
 """The router adapter: GGUF round trip (bit-identical, readable by gguf-py), wrong-model and corrupt-file refusals,
-parameter share."""
+parameter share, the committed Gemma adapter."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +22,6 @@ def _adapter(identity, rng, layers=(1,), n_head=4, n_head_kv=2, head_dim=16, pro
                          tau=[rng.random(n_head).astype(np.float32) for _ in layers],
                          theta=[rng.standard_normal((n_head, N_FEATURES)).astype(np.float32) for _ in layers],
                          spread_rank=4, n_centroids=3, kmeans_iters=2,
-                         anchor_alpha=1.25, energy=0.995,
                          train={"docs": 12, "seed": 0, "loss": 0.125, "commit": "abc"})
 
 
@@ -34,7 +35,6 @@ def test_round_trip_is_bit_identical_and_gguf_readable(tiny_llama, tmp_path):
     assert (b.spread_rank, b.n_centroids, b.kmeans_iters) == (4, 3, 2)
     for x, y in zip(a.w + a.b + a.tau + a.theta, b.w + b.b + b.tau + b.theta):
         assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
-    assert b.anchor_alpha == pytest.approx(1.25) and b.energy == pytest.approx(0.995)
     assert b.train == {"docs": 12, "seed": 0, "loss": 0.125, "commit": "abc"}
     r = GGUFReader(str(path))  # plain gguf-py reads it
     assert r.get_field("general.type").contents() == "adapter"
@@ -143,3 +143,13 @@ def test_an_adapter_of_another_format_version_is_refused(tiny_llama, tmp_path, m
     monkeypatch.undo()
     with pytest.raises(AdapterError, match="format version 1, this sekv_gguf reads 2"):
         read_adapter(path)
+
+
+def test_the_committed_gemma_adapter_still_reads():
+    """bench/gemma3-270m-router.gguf was written with sekv.anchor_alpha and sekv.energy (never applied, no longer
+    written or read): the reader ignores them."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "gemma3-270m-router.gguf"
+    assert GGUFReader(str(path)).get_field("sekv.energy") is not None
+    a = read_adapter(path)
+    assert a.base.architecture == "gemma3" and a.layers == [5, 11, 17] and (a.n_head, a.n_head_kv) == (4, 1)
+    assert all(w.shape == (a.n_head, a.proj_dim, a.head_dim) for w in a.w) and a.train["commit"]

@@ -43,7 +43,7 @@ def test_capture_shapes_masses_and_labels(tiny_llama):
         assert ((covered * share.sum(axis=2) - smallest) / share.sum(axis=2) < cap.label_mass + 1e-9).all()
 
 
-def test_train_command_writes_an_adapter_the_engine_uses(tiny_llama, tiny_gemma, tmp_path, capsys, monkeypatch):
+def test_train_command_writes_an_adapter_the_engine_uses(tiny_llama, tiny_gemma, tmp_path, capsys):
     out = tmp_path / "router.gguf"
     rc = main(["train", str(tiny_llama), "--docs", "2", "--tokens", "2048", "--epochs", "3", "--proj-dim", "8",
                "--out", str(out), "--captures", str(tmp_path / "cap"), "-q"])
@@ -66,14 +66,3 @@ def test_train_command_writes_an_adapter_the_engine_uses(tiny_llama, tiny_gemma,
     assert main(["run", str(tiny_gemma), "-p", text, "-n", "4", "--adapter", str(out), "-q"]) == 1
     err = capsys.readouterr().err
     assert "trained for tiny-llama" in err and "not for tiny-gemma3" in err
-
-    # a bundled adapter is used when (and only when) it was trained for the model at hand
-    import sekv_gguf.adapter
-
-    monkeypatch.setattr(sekv_gguf.adapter, "bundled_adapter", lambda: out)
-    for model, router in ((tiny_llama, "trained:router.gguf"), (tiny_gemma, "training-free")):
-        assert main(["run", str(model), "-p", text, "-n", "2", "--kv-budget", "1024", "--json", "-q"]) == 0
-        assert json.loads(capsys.readouterr().out)["sekv"]["router"] == router
-    assert main(["run", str(tiny_llama), "-p", text, "-n", "2", "--kv-budget", "1024", "--json", "-q",
-                 "--training-free"]) == 0
-    assert json.loads(capsys.readouterr().out)["sekv"]["router"] == "training-free"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from ..errors import AdapterError
 from ..features import N_FEATURES, NAMES
@@ -32,8 +32,6 @@ class RouterAdapter:
     spread_rank: int              # the key sketch the router reads (spans.sketches)
     n_centroids: int
     kmeans_iters: int
-    anchor_alpha: float = 1.0
-    energy: float = 0.999
     train: dict[str, Any] = field(default_factory=dict)  # provenance (str / int / float values)
 
     def __post_init__(self) -> None:
@@ -67,6 +65,20 @@ class RouterAdapter:
                                f"{identity.describe()}")
 
 
+_U32, _U64, _STR, _ARRAY = GGUFValueType.UINT32, GGUFValueType.UINT64, GGUFValueType.STRING, GGUFValueType.ARRAY
+# plain Python values per type (the one array is the layer indices: ints, stored as i32)
+_AS = {_U32: int, _U64: int, _STR: str, _ARRAY: lambda xs: [int(x) for x in xs]}
+
+# (key, gguf value type, attribute) of the RouterAdapter and of its base model's ModelIdentity (whose architecture is
+# general.architecture: GGUFWriter writes it)
+_FIELDS = ((K.PROJ_DIM, _U32, "proj_dim"), (K.SPREAD_RANK, _U32, "spread_rank"),
+           (K.N_CENTROIDS, _U32, "n_centroids"), (K.KMEANS_ITERS, _U32, "kmeans_iters"), (K.LAYERS, _ARRAY, "layers"),
+           (K.N_HEAD, _U32, "n_head"), (K.N_HEAD_KV, _U32, "n_head_kv"), (K.HEAD_DIM, _U32, "head_dim"))
+_BASE_FIELDS = ((K.BASE_NAME, _STR, "name"), (K.BASE_N_LAYER, _U32, "n_layer"), (K.BASE_N_EMBD, _U32, "n_embd"),
+                (K.BASE_N_VOCAB, _U32, "n_vocab"), (K.BASE_TENSOR_HASH, _STR, "tensor_hash"),
+                (K.BASE_N_PARAMS, _U64, "n_params"))
+
+
 def write_adapter(path: str | Path, a: RouterAdapter) -> Path:
     path = Path(path)
     w = GGUFWriter(str(path), a.base.architecture)
@@ -74,23 +86,10 @@ def write_adapter(path: str | Path, a: RouterAdapter) -> Path:
     w.add_string(K.GENERAL_NAME, f"sekv router for {a.base.name or a.base.architecture}")
     w.add_string(K.ADAPTER_TYPE, K.TYPE_SEKV_ROUTER)
     w.add_uint32(K.VERSION, K.FORMAT_VERSION)
-    w.add_uint32(K.PROJ_DIM, a.proj_dim)
-    w.add_uint32(K.SPREAD_RANK, a.spread_rank)
-    w.add_uint32(K.N_CENTROIDS, a.n_centroids)
-    w.add_uint32(K.KMEANS_ITERS, a.kmeans_iters)
     w.add_array(K.FEATURES, list(NAMES))
-    w.add_array(K.LAYERS, [int(x) for x in a.layers])
-    w.add_uint32(K.N_HEAD, a.n_head)
-    w.add_uint32(K.N_HEAD_KV, a.n_head_kv)
-    w.add_uint32(K.HEAD_DIM, a.head_dim)
-    w.add_float32(K.ANCHOR_ALPHA, float(a.anchor_alpha))
-    w.add_float32(K.ENERGY, float(a.energy))
-    w.add_string(K.BASE_NAME, a.base.name)
-    w.add_uint32(K.BASE_N_LAYER, a.base.n_layer)
-    w.add_uint32(K.BASE_N_EMBD, a.base.n_embd)
-    w.add_uint32(K.BASE_N_VOCAB, a.base.n_vocab)
-    w.add_string(K.BASE_TENSOR_HASH, a.base.tensor_hash)
-    w.add_uint64(K.BASE_N_PARAMS, a.base.n_params)
+    for obj, fields in ((a, _FIELDS), (a.base, _BASE_FIELDS)):
+        for key, vtype, attr in fields:
+            w.add_key_value(key, _AS[vtype](getattr(obj, attr)), vtype)
     for k, v in a.train.items():
         key = K.TRAIN_PREFIX + k
         if isinstance(v, bool) or isinstance(v, str):
@@ -100,19 +99,13 @@ def write_adapter(path: str | Path, a: RouterAdapter) -> Path:
         else:
             w.add_float64(key, float(v))
     for i, layer in enumerate(a.layers):
-        for name, x in _tensors(a, i, layer):
-            w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
+        for attr, template in K.TENSORS.items():
+            w.add_tensor(template.format(layer=layer), np.ascontiguousarray(getattr(a, attr)[i], dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
-
-
-def _tensors(a: RouterAdapter, i: int, layer: int) -> list[tuple[str, np.ndarray]]:
-    """(name, array) of hooked layer ``i`` (model layer ``layer``), in file order."""
-    return [(K.tensor_w(layer), a.w[i]), (K.tensor_b(layer), a.b[i]), (K.tensor_tau(layer), a.tau[i]),
-            (K.tensor_theta(layer), a.theta[i])]
 
 
 def _get(reader: GGUFReader, key: str, path: Path) -> Any:
@@ -122,8 +115,13 @@ def _get(reader: GGUFReader, key: str, path: Path) -> Any:
     return f.contents()
 
 
+def _read(reader: GGUFReader, fields: tuple[tuple[str, GGUFValueType, str], ...], path: Path) -> dict[str, Any]:
+    return {attr: _AS[vtype](_get(reader, key, path)) for key, vtype, attr in fields}
+
+
 def read_adapter(path: str | Path) -> RouterAdapter:
-    """Read an adapter (mmap); corrupt, truncated or foreign files raise ``AdapterError`` naming the problem."""
+    """Read an adapter (mmap); corrupt, truncated or foreign files raise ``AdapterError`` naming the problem. Keys it
+    does not know are ignored."""
     path = Path(path)
     if not path.is_file():
         raise AdapterError(f"router adapter not found: {path}")
@@ -138,35 +136,24 @@ def read_adapter(path: str | Path) -> RouterAdapter:
     version = int(_get(reader, K.VERSION, path))
     if version != K.FORMAT_VERSION:
         raise AdapterError(f"{path}: adapter format version {version}, this sekv_gguf reads {K.FORMAT_VERSION}")
-    base = ModelIdentity(name=str(_get(reader, K.BASE_NAME, path)),
-                         architecture=str(_get(reader, K.GENERAL_ARCHITECTURE, path)),
-                         n_layer=int(_get(reader, K.BASE_N_LAYER, path)), n_embd=int(_get(reader, K.BASE_N_EMBD, path)),
-                         n_vocab=int(_get(reader, K.BASE_N_VOCAB, path)),
-                         tensor_hash=str(_get(reader, K.BASE_TENSOR_HASH, path)),
-                         n_params=int(_get(reader, K.BASE_N_PARAMS, path)))
-    layers = [int(x) for x in _get(reader, K.LAYERS, path)]
-    tensors = {t.name: t for t in reader.tensors}
+    base = ModelIdentity(architecture=str(_get(reader, K.GENERAL_ARCHITECTURE, path)),
+                         **_read(reader, _BASE_FIELDS, path))
+    fields = _read(reader, _FIELDS, path)
     names = [str(x) for x in _get(reader, K.FEATURES, path)]
     if names != list(NAMES):
         raise AdapterError(f"{path}: router features {names}, this sekv_gguf computes {list(NAMES)}")
-    ws, bs, taus, thetas = [], [], [], []
-    for layer in layers:
-        for name, out in ((K.tensor_w(layer), ws), (K.tensor_b(layer), bs), (K.tensor_tau(layer), taus),
-                          (K.tensor_theta(layer), thetas)):
+    tensors = {t.name: t for t in reader.tensors}
+    weights: dict[str, list[np.ndarray]] = {attr: [] for attr in K.TENSORS}
+    for layer in fields["layers"]:
+        for attr, template in K.TENSORS.items():
+            name = template.format(layer=layer)
             if name not in tensors:
                 raise AdapterError(f"{path}: missing tensor {name!r}")
-            out.append(np.array(tensors[name].data, dtype=np.float32))  # a copy: the mmap may close
+            weights[attr].append(np.array(tensors[name].data, dtype=np.float32))  # a copy: the mmap may close
+    # gguf stores shapes innermost-first; the reader's data comes back in numpy order
+    n_head, proj, head_dim = fields["n_head"], fields["proj_dim"], fields["head_dim"]
+    shapes = {"w": (n_head, proj, head_dim), "b": (-1,), "tau": (-1,), "theta": (n_head, N_FEATURES)}
+    weights = {attr: [x.reshape(shapes[attr]) for x in xs] for attr, xs in weights.items()}
     train = {f.name[len(K.TRAIN_PREFIX):]: f.contents() for f in reader.fields.values()
              if f.name.startswith(K.TRAIN_PREFIX)}
-    n_head, head_dim, proj = int(_get(reader, K.N_HEAD, path)), int(_get(reader, K.HEAD_DIM, path)), \
-        int(_get(reader, K.PROJ_DIM, path))
-    # gguf stores shapes innermost-first; the reader's data comes back in numpy order
-    ws = [w.reshape(n_head, proj, head_dim) for w in ws]
-    return RouterAdapter(base=base, layers=layers, n_head=n_head, n_head_kv=int(_get(reader, K.N_HEAD_KV, path)),
-                         head_dim=head_dim, proj_dim=proj, w=ws, b=[b.reshape(-1) for b in bs],
-                         tau=[t.reshape(-1) for t in taus], theta=[t.reshape(n_head, N_FEATURES) for t in thetas],
-                         spread_rank=int(_get(reader, K.SPREAD_RANK, path)),
-                         n_centroids=int(_get(reader, K.N_CENTROIDS, path)),
-                         kmeans_iters=int(_get(reader, K.KMEANS_ITERS, path)),
-                         anchor_alpha=float(_get(reader, K.ANCHOR_ALPHA, path)),
-                         energy=float(_get(reader, K.ENERGY, path)), train=train)
+    return RouterAdapter(base=base, **fields, **weights, train=train)

@@ -1,11 +1,14 @@
-"""Every key and tensor name of a SeKV router adapter (DESIGN.md §4), in one place (as gguf-py's constants)."""
+"""Every key and tensor name of a SeKV router adapter (DESIGN.md §4), in one place. The generic keys are gguf-py's
+(``general.type = adapter``, ``general.architecture`` of the base model, ``general.name``, ``adapter.type``)."""
 
-GENERAL_TYPE = "general.type"                  # "adapter"
-GENERAL_ARCHITECTURE = "general.architecture"  # copied from the base model
-GENERAL_NAME = "general.name"
-ADAPTER_TYPE = "adapter.type"                  # "sekv_router"
+from gguf import GGUFType, Keys
 
-TYPE_ADAPTER = "adapter"
+GENERAL_TYPE = Keys.General.TYPE                  # GGUFType.ADAPTER
+GENERAL_ARCHITECTURE = Keys.General.ARCHITECTURE  # copied from the base model
+GENERAL_NAME = Keys.General.NAME
+ADAPTER_TYPE = Keys.Adapter.TYPE                  # TYPE_SEKV_ROUTER
+
+TYPE_ADAPTER = GGUFType.ADAPTER
 TYPE_SEKV_ROUTER = "sekv_router"
 
 VERSION = "sekv.version"                       # u32, this format's version
@@ -14,12 +17,12 @@ SPREAD_RANK = "sekv.spread_rank"               # u32, r: principal directions of
 N_CENTROIDS = "sekv.n_centroids"               # u32, k-means centroids per span (spans.centroids)
 KMEANS_ITERS = "sekv.kmeans_iters"             # u32, their Lloyd steps
 FEATURES = "sekv.features"                     # [str] names of the span features theta weighs (features.NAMES)
-LAYERS = "sekv.layers"                         # [u32] model layer index of each hooked layer
+LAYERS = "sekv.layers"                         # [i32] model layer index of each hooked layer
 N_HEAD = "sekv.n_head"                         # u32
 N_HEAD_KV = "sekv.n_head_kv"                   # u32
 HEAD_DIM = "sekv.head_dim"                     # u32
-ANCHOR_ALPHA = "sekv.anchor_alpha"             # f32, tuned anchor threshold
-ENERGY = "sekv.energy"                         # f32, tuned rank energy threshold
+# older format-2 files (bench/gemma3-270m-router.gguf) also hold sekv.anchor_alpha and sekv.energy (f32, SekvConfig's
+# defaults, never applied); the reader ignores them
 
 BASE_N_LAYER = "sekv.base.n_layer"             # u32
 BASE_N_EMBD = "sekv.base.n_embd"               # u32
@@ -32,23 +35,10 @@ TRAIN_PREFIX = "sekv.train."                   # provenance: sekv.train.<name> (
 
 FORMAT_VERSION = 2  # 2: span features (theta) from key sketches
 
-
-def tensor_w(layer: int) -> str:
-    """f32 [n_head, P, head_dim] projections of model layer ``layer``."""
-    return f"blk.{layer}.sekv_router_w"
-
-
-def tensor_b(layer: int) -> str:
-    """f32 [n_head] biases."""
-    return f"blk.{layer}.sekv_router_b"
-
-
-def tensor_tau(layer: int) -> str:
-    """f32 [n_head] zoom thresholds."""
-    return f"blk.{layer}.sekv_router_tau"
-
-
-
-def tensor_theta(layer: int) -> str:
-    """f32 [n_head, n_features] weights of the span features."""
-    return f"blk.{layer}.sekv_router_theta"
+# per hooked layer (model layer index ``layer``), by RouterAdapter attribute, in file order
+TENSORS = {
+    "w": "blk.{layer}.sekv_router_w",          # f32 [n_head, P, head_dim] projections
+    "b": "blk.{layer}.sekv_router_b",          # f32 [n_head] biases
+    "tau": "blk.{layer}.sekv_router_tau",      # f32 [n_head] zoom thresholds
+    "theta": "blk.{layer}.sekv_router_theta",  # f32 [n_head, n_features] weights of the span features
+}

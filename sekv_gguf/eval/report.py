@@ -4,26 +4,10 @@ plots (accuracy vs budget per policy and task; KL vs budget)."""
 from __future__ import annotations
 
 import json
-import os
-import platform
-import subprocess
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def machine() -> dict[str, Any]:
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "processor": platform.processor()}
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+from ..provenance import commit, machine
 
 
 def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

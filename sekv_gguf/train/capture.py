@@ -126,7 +126,3 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
         return result
     finally:
         s.close()
-
-
-def save(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    np.savez_compressed(path, **arrays)

@@ -9,6 +9,8 @@ import inspect
 import warnings
 from typing import Callable, Iterator
 
+from ..ruler_tasks import make_case
+
 TRAIN_MODULES = ("pathlib", "email.message", "http.client", "asyncio.tasks", "typing", "random", "statistics",
                  "datetime", "csv", "sqlite3", "subprocess", "threading", "decimal", "fractions", "heapq", "shutil",
                  "tarfile", "zipfile", "socket", "string", "difflib", "pickle", "functools", "itertools")
@@ -34,8 +36,6 @@ def module_text(name: str) -> str:
 
 def documents(count: Callable[[str], int], n_tokens: int, n_docs: int) -> Iterator[tuple[str, str]]:
     """(name, text) pairs of about ``n_tokens`` tokens: natural text first, every third one a needle task."""
-    from ..eval.tasks import make_case
-
     prose = "\n\n".join(module_text(m) for m in TRAIN_MODULES)
     chars = max(4 * n_tokens, 1000)
     offset = 0

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from ..adapter import RouterAdapter, model_identity, write_adapter
 from ..config import ContextConfig, SekvConfig
-from ..eval.report import commit
+from ..provenance import commit
 from ..session import Session, load_model
 from .capture import CaptureConfig, capture
 from .corpus import documents
@@ -80,8 +80,6 @@ def train(model_path: str, run: TrainRun, progress: bool = True) -> dict[str, An
         base=ident, layers=layers, n_head=layer.n_head, n_head_kv=layer.n_head_kv, head_dim=layer.head_dim_k,
         proj_dim=result["proj_dim"], w=result["w"], b=result["b"], tau=result["tau"], theta=result["theta"],
         spread_rank=result["spread_rank"], n_centroids=result["n_centroids"], kmeans_iters=cap.kmeans_iters,
-        anchor_alpha=sekv.anchor_alpha,
-        energy=sekv.energy,
         train={"docs": run.docs, "tokens": run.tokens, "epochs": run.epochs, "seed": run.seed,
                "budget_weight": run.budget, "loss_before": result["loss_before"],
                "loss_after": result["loss_after"], "capture_s": capture_s, "train_s": result["train_s"],

@@ -1,0 +1,367 @@
+"""Generated, offline long-context tasks modelled on RULER (Hsieh et al. 2024, "RULER: What's the Real Context Size of
+Your Long-Context Language Models?").
+
+Every task is a plain completion prompt for a base LM: an instruction, a context fitted to ``n_tokens`` tokens as
+counted by ``count(text)`` (bisection on its length, as in ``documents.needle_prompt``), then a question ending in an
+answer lead, so the greedy continuation should contain the answers (``eval.tasks.score`` grades it with RULER's
+substring match). The evaluation suite runs these tasks; training (``train.corpus``) mixes needle tasks of its own
+seeds into its documents.
+
+Retrieval tasks (``niah_*``, ``kv_retrieval``, ``variable_tracking``) and ``arithmetic`` insert their sentences into a
+haystack, each at the sentence boundary nearest its depth (a fraction of the context's characters): ``"filler"`` is
+RULER's repeated noise sentences, ``"prose"`` is ``stdlib_prose()`` from a paragraph picked by the seed. In
+``frequent_words`` the word list is the whole context, and the haystack picks its vocabulary: RULER's random letter
+strings for ``"filler"``, words of the prose for ``"prose"``. Sentence boundaries in the prose are a few hundred
+characters apart at most, so a fact sits within 0.05 of its depth from ~2K tokens on (further off in shorter prose).
+
+``Case.meta`` holds ``context`` (its character span in the prompt), ``inserted`` (each inserted text, its offset in the
+context, the offset of its fact within it, its depth and whether it holds an answer), ``prompt_tokens`` and
+``max_new_tokens`` (the answers' token count plus a margin: a UUID alone is ~37 Gemma tokens, four 7-digit numbers
+~37). For ``arithmetic`` (``stop``), score the first line of the output: later lines invent more problems.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+import re
+import string
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+from .documents import FIRST_NAMES, stdlib_prose
+
+Count = Callable[[str], int]
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+HAYSTACKS = ("filler", "prose")
+
+# a new sentence starts after ., ! or ? and whitespace, after a blank line, or at a code/table/list line
+_BOUNDARY = re.compile(r"[.!?]\s+|\n\s*\n\s*|\n(?=[ \t]*[>|+*%-])")
+_ADJECTIVES = ["amber", "brisk", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen",
+               "lofty", "mellow", "nimble", "odd", "plain", "quiet", "rusty", "silent", "tidy"]
+_NOUNS = ["anchor", "badger", "candle", "dagger", "engine", "falcon", "garden", "harbor", "island", "jacket", "kettle",
+          "lantern", "meadow", "nutmeg", "orchard", "pebble", "quarry", "ribbon", "saddle", "tunnel"]
+# uncommon words, none of which occurs in stdlib_prose()
+_WORDS = ["quixotic", "ephemeral", "obsidian", "halcyon", "petrichor", "sonorous", "labyrinth", "gossamer", "verdigris",
+          "zephyr", "mellifluous", "tenebrous", "cormorant", "meridian", "apricity", "sibilant", "palimpsest",
+          "nocturne", "quagmire", "bramble", "cinnabar", "filigree", "lacuna", "marzipan", "nebula", "opaline",
+          "parapet", "quiescent", "reverie", "solstice", "talisman", "umbrage", "wistful", "xylophone", "yarrow",
+          "zenith", "alabaster", "brocade", "chrysalis", "damask", "effigy", "fjord", "garrulous", "harbinger",
+          "isthmus", "juniper", "kestrel", "lanolin", "mandolin", "nautilus", "ocelot", "pangolin", "quince",
+          "rhubarb", "saffron", "tamarind"]
+_ITEMS = ["apples", "pencils", "marbles", "stamps", "cookies", "books", "shells", "coins", "buttons", "cards"]
+
+
+@dataclass(frozen=True)
+class Case:
+    task: str
+    prompt: str  # instruction + context (haystack with inserted sentences) + question + answer lead
+    answers: tuple[str, ...]  # reference strings that must appear in the model output
+    metric: str  # "all": every reference must appear (the score is the fraction found); "any": one suffices
+    depth: float  # depth of the first inserted text that holds an answer, as a fraction of the context (NaN: none)
+    haystack: str  # "filler" or "prose"
+    seed: int
+    n_tokens: int  # the target token length
+    meta: dict
+
+
+@dataclass(frozen=True)
+class _Insert:
+    text: str
+    depth: float
+    answer: bool = False  # holds an answer
+    anchor: int = 0  # where in the text the fact starts: that is what sits at the depth
+
+
+@lru_cache(maxsize=1)
+def _prose() -> str:
+    return stdlib_prose()
+
+
+def _check_haystack(haystack: str) -> None:
+    if haystack not in HAYSTACKS:
+        raise ValueError(f"unknown haystack {haystack!r}; valid haystacks: {', '.join(HAYSTACKS)}")
+
+
+def _haystack_unit(haystack: str, rng: random.Random) -> str:
+    """The text the haystack repeats: the filler sentences, or the prose rotated to start at a seeded paragraph."""
+    if haystack == "filler":
+        return FILLER + " "
+    text = _prose()
+    start = rng.choice([0] + [m.end() for m in re.finditer(r"\n\n", text)])
+    return text[start:] + "\n\n" + text[:start]
+
+
+def _body(unit: str, n_chars: int) -> str:
+    """The first ``n_chars`` characters of ``unit`` repeated, cut back to a whole word."""
+    text = unit * (n_chars // len(unit) + 1)
+    body = text[:n_chars]
+    if not text[n_chars].isspace():
+        body = body[:max(body.rfind(" "), body.rfind("\n")) + 1]
+    return body.rstrip()
+
+
+def _insert(body: str, inserts: list[_Insert], sep: str) -> tuple[str, list[int]]:
+    """``body`` with every insert at the sentence boundary that puts its anchor nearest its depth (a fraction of the
+    result's length), and the inserts' offsets in the result."""
+    bounds = [0] + [m.end() for m in _BOUNDARY.finditer(body)] + ([len(body)] if body.endswith((".", "!", "?")) else [])
+    total = len(body) + sum(len(x.text) + len(sep) for x in inserts)
+    parts: list[str] = []
+    offsets = [0] * len(inserts)
+    n = pos = shift = 0  # characters written, body characters used, characters inserted so far
+    for i in sorted(range(len(inserts)), key=lambda i: inserts[i].depth):
+        target = inserts[i].depth * total - shift - inserts[i].anchor
+        k = bisect.bisect_left(bounds, target)
+        cut = min((b for b in bounds[max(k - 1, 0):k + 1] if b >= pos), key=lambda b: abs(b - target), default=pos)
+        chunk = body[pos:cut]
+        if chunk and not chunk[-1].isspace():  # only at the end of a body that ends a sentence
+            chunk += sep
+        offsets[i] = n + len(chunk)
+        parts += [chunk, inserts[i].text + sep]
+        n, pos, shift = offsets[i] + len(parts[-1]), cut, shift + len(parts[-1])
+    parts.append(body[pos:])
+    return "".join(parts).rstrip(), offsets
+
+
+def _fit(task: str, count: Count, n_tokens: int, prompt: Callable[[int], str], lo: int, guess: int) -> int:
+    """The largest size (>= ``lo``) whose prompt has at most ``n_tokens`` tokens, to a unit or 0.1%: a bracket
+    shrunk by interpolation (a safeguarded bisection; ``count`` can be slow on long texts)."""
+    c_lo = count(prompt(lo))
+    if c_lo > n_tokens:
+        raise ValueError(f"n_tokens={n_tokens} is too small for task {task!r}: it needs at least {c_lo} tokens")
+    hi = max(lo + 1, guess)
+    while (c_hi := count(prompt(hi))) <= n_tokens:
+        lo, c_lo, hi = hi, c_hi, 2 * hi
+        if hi > 1000 * (n_tokens + 1000):
+            raise ValueError("count(text) does not grow with the text")
+    while hi - lo > max(1, lo // 1024) and c_lo < n_tokens - n_tokens // 1024:
+        step = (hi - lo) * (n_tokens - c_lo) // max(c_hi - c_lo, 1)
+        mid = lo + min(max(step, (hi - lo) // 8, 1), hi - lo - max((hi - lo) // 8, 1))
+        c_mid = count(prompt(mid))
+        lo, c_lo, hi, c_hi = (mid, c_mid, hi, c_hi) if c_mid <= n_tokens else (lo, c_lo, mid, c_mid)
+    return lo
+
+
+def _meta(count: Count, prompt: str, head: str, context: str, answers: tuple[str, ...], **extra) -> dict:
+    return {"context": (len(head), len(head) + len(context)), "prompt_tokens": count(prompt),
+            "max_new_tokens": count(" " + ", ".join(answers)) + 8, **extra}
+
+
+def _haystack_case(task: str, count: Count, n_tokens: int, seed: int, haystack: str, rng: random.Random, head: str,
+                   inserts: list[_Insert], tail: str, answers: tuple[str, ...], metric: str, sep: str = " ",
+                   **extra) -> Case:
+    """A haystack fitted to ``n_tokens`` with ``inserts`` in it, between ``head`` and ``tail``."""
+    unit = _haystack_unit(haystack, rng)
+    size = _fit(task, count, n_tokens, lambda n: head + _insert(_body(unit, n), inserts, sep)[0] + tail,
+                lo=0, guess=4 * n_tokens)
+    context, offsets = _insert(_body(unit, size), inserts, sep)
+    prompt = head + context + tail
+    placed = sorted(({"text": x.text, "offset": off, "anchor": x.anchor, "depth": x.depth, "answer": x.answer}
+                     for x, off in zip(inserts, offsets)), key=lambda d: d["offset"])
+    depth = next((d["depth"] for d in placed if d["answer"]), math.nan)
+    return Case(task, prompt, answers, metric, depth, haystack, seed, n_tokens,
+                _meta(count, prompt, head, context, answers, inserted=placed, **extra))
+
+
+def _uuid(rng: random.Random) -> str:
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def _value(kind: str, rng: random.Random) -> str:
+    if kind == "numbers":
+        return str(rng.randint(1_000_000, 9_999_999))
+    return rng.choice(_WORDS) if kind == "words" else _uuid(rng)
+
+
+def _depth(rng: random.Random) -> float:
+    return round(rng.random(), 3)
+
+
+def _niah(task: str, count: Count, n_tokens: int, seed: int, haystack: str, kind: str = "numbers",
+          n_keys: int = 1, n_values: int = 1, n_queries: int = 1) -> Case:
+    """RULER's needle in a haystack: ``n_keys`` keys with ``n_values`` values each, ``n_queries`` keys asked."""
+    _check_haystack(haystack)
+    rng = random.Random(seed)
+    keys = [f"{a}-{b}" for a, b in rng.sample([(a, b) for a in _ADJECTIVES for b in _NOUNS], n_keys)]
+    values: list[str] = []
+    while len(values) < n_keys * n_values:
+        value = _value(kind, rng)
+        if value not in values:
+            values.append(value)
+    needles = [(keys[i // n_values], value) for i, value in enumerate(values)]
+    asked = keys[:n_queries]
+    inserts = [_Insert(f"One of the special magic {kind} for {k} is: {v}.", _depth(rng), k in asked)
+               for k, v in needles]
+    answers = tuple(v for k in asked for key, v in needles if key == k)
+    head = (f"Some special magic {kind} are hidden within the following text. Make sure to memorize it. "
+            f"I will quiz you about the {kind} afterwards.\n\n")
+    who = " and ".join(asked)
+    if len(answers) == 1:
+        question = f"What is the special magic {kind[:-1]} for {who} mentioned in the provided text?"
+        lead = f"The special magic {kind[:-1]} for {who} mentioned in the provided text is:"
+    else:
+        question = f"What are all the special magic {kind} for {who} mentioned in the provided text?"
+        lead = f"The special magic {kind} for {who} mentioned in the provided text are:"
+    return _haystack_case(task, count, n_tokens, seed, haystack, rng, head, inserts,
+                          f"\n\nQuestion: {question}\nAnswer: {lead}", answers, "all")
+
+
+def niah_number(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    return _niah("niah_number", count, n_tokens, seed, haystack)
+
+
+def niah_word(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    return _niah("niah_word", count, n_tokens, seed, haystack, kind="words")
+
+
+def niah_uuid(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    return _niah("niah_uuid", count, n_tokens, seed, haystack, kind="UUIDs")
+
+
+def niah_multikey(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    return _niah("niah_multikey", count, n_tokens, seed, haystack, n_keys=4)
+
+
+def niah_multivalue(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    return _niah("niah_multivalue", count, n_tokens, seed, haystack, n_values=4)
+
+
+def niah_multiquery(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    return _niah("niah_multiquery", count, n_tokens, seed, haystack, n_keys=4, n_queries=2)
+
+
+def kv_retrieval(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    """A JSON object of UUID pairs (one pair per 256 target tokens, at least 4); the asked pair is at a seeded depth
+    (the object sits around it: the pair's index in the object is in proportion to its depth)."""
+    _check_haystack(haystack)
+    rng = random.Random(seed)
+    pairs = [(_uuid(rng), _uuid(rng)) for _ in range(max(4, n_tokens // 256))]
+    depth = _depth(rng)
+    key, value = pairs[min(int(depth * len(pairs)), len(pairs) - 1)]
+    block = "JSON data:\n{" + ",\n ".join(f'"{k}": "{v}"' for k, v in pairs) + "}"
+    head = "The text below contains a JSON object. Extract the value corresponding to the specified key in it.\n\n"
+    tail = (f'\n\nQuestion: What is the value associated with the key "{key}" in the JSON object above?\n'
+            f'Answer: The value associated with the key "{key}" is:')
+    return _haystack_case("kv_retrieval", count, n_tokens, seed, haystack, rng, head,
+                          [_Insert(block, depth, True, block.index(f'"{key}"'))], tail, (value,), "all", sep="\n\n",
+                          n_pairs=len(pairs))
+
+
+def variable_tracking(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    """RULER's variable tracking, one chain of 4 hops: "VAR A = 12345.", "VAR B = VAR A.", ... in order."""
+    _check_haystack(haystack)
+    rng = random.Random(seed)
+    names: list[str] = []
+    while len(names) < 5:
+        name = "".join(rng.choices(string.ascii_uppercase, k=5))
+        if name not in names:
+            names.append(name)
+    value = str(rng.randint(10000, 99999))
+    lines = [f"VAR {names[0]} = {value}."] + [f"VAR {b} = VAR {a}." for a, b in zip(names, names[1:])]
+    depths = sorted(_depth(rng) for _ in lines)
+    head = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
+    tail = (f"\n\nQuestion: Find all variables that are assigned the value {value} in the text above.\n"
+            f"Answer: According to the chain(s) of variable assignment in the text above, {len(names)} variables "
+            f"are assigned the value {value}, they are:")
+    return _haystack_case("variable_tracking", count, n_tokens, seed, haystack, rng, head,
+                          [_Insert(s, d, True) for s, d in zip(lines, depths)], tail, tuple(names), "all")
+
+
+def _vocabulary(haystack: str, rng: random.Random, size: int) -> list[str]:
+    """``size`` distinct words; the first three are no substring of any other (they are the answers)."""
+    _check_haystack(haystack)
+    if haystack == "filler":
+        words: set[str] = set()
+        while len(words) < size:
+            words.add("".join(rng.choices(string.ascii_lowercase, k=rng.randint(4, 7))))
+        vocab = rng.sample(sorted(words), size)
+    else:
+        vocab = rng.sample(sorted(set(re.findall(r"(?<![\w'])[a-z]{4,12}(?![\w'])", _prose()))), size)
+    top = [w for w in vocab if not any(w != o and w in o for o in vocab)][:3]
+    return top + [w for w in vocab if w not in top]
+
+
+def frequent_words(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    """RULER's frequent words extraction: a shuffled list whose word counts fall off as 1/rank (Zipf); the three
+    most frequent words are asked."""
+    rng = random.Random(seed)
+    vocab = _vocabulary(haystack, rng, 200)
+    salt = rng.getrandbits(64)
+
+    def words(n: int) -> tuple[list[str], list[int]]:  # about n words, rank r counted n / (r * H_V) times
+        weights = [1 / r for r in range(1, min(len(vocab), max(20, n // 20)) + 1)]
+        counts = [int(n * w / sum(weights)) for w in weights]
+        seq = [w for w, c in zip(vocab, counts) for _ in range(c)]
+        random.Random(f"{salt}:{n}").shuffle(seq)
+        return seq, counts
+
+    head = ("Read the following text and track how often each word appears. "
+            "Find the three most frequently appeared words.\n\n")
+    tail = ("\n\nQuestion: What are the three most frequently appeared words in the text above?\n"
+            "Answer: According to the text above, the three most frequently appeared words are:")
+    n = _fit("frequent_words", count, n_tokens, lambda n: head + " ".join(words(n)[0]) + tail, lo=100,
+             guess=n_tokens // 2)
+    seq, counts = words(n)
+    context = " ".join(seq)
+    prompt = head + context + tail
+    answers = tuple(vocab[:3])
+    return Case("frequent_words", prompt, answers, "all", math.nan, haystack, seed, n_tokens,
+                _meta(count, prompt, head, context, answers, inserted=[], n_words=len(seq),
+                      counts=dict(zip(vocab, counts[:5]))))
+
+
+def _problem(rng: random.Random) -> tuple[str, int]:
+    """A one-step word problem and its answer (10 or more)."""
+    name, item, form = rng.choice(FIRST_NAMES), rng.choice(_ITEMS), rng.randrange(4)
+    if form == 0:
+        a, b = rng.randint(10, 60), rng.randint(2, 30)
+        return f"{name} has {a} {item} and buys {b} more. How many {item} does {name} have now?", a + b
+    if form == 1:
+        a = rng.randint(20, 99)
+        b = rng.randint(1, a - 10)
+        return f"{name} had {a} {item} and gave {b} of them away. How many {item} does {name} have left?", a - b
+    if form == 2:
+        a, b = rng.randint(2, 9), rng.randint(5, 9)
+        return f"{name} buys {a} boxes with {b} {item} in each box. How many {item} does {name} buy in total?", a * b
+    a, b = rng.randint(10, 20), rng.randint(2, 5)
+    return f"{name} shares {a * b} {item} equally among {b} friends. How many {item} does each friend get?", a
+
+
+def arithmetic(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    """Many-shot word problems (a GSM8K-style stand-in): solved "Q: ... A: 17" shots spread evenly through the
+    haystack (one per 128 target tokens, at least 4), then an unsolved one."""
+    _check_haystack(haystack)
+    rng = random.Random(seed)
+    n_shots = max(4, n_tokens // 128)
+    shots = [_problem(rng) for _ in range(n_shots)]
+    question, answer = _problem(rng)
+    inserts = [_Insert(f"Q: {q}\nA: {a}", round((i + 0.5) / n_shots, 3)) for i, (q, a) in enumerate(shots)]
+    head = "The following text contains arithmetic word problems with their answers.\n\n"
+    return _haystack_case("arithmetic", count, n_tokens, seed, haystack, rng, head, inserts,
+                          f"\n\nQ: {question}\nA:", (str(answer),), "any", sep="\n\n", stop="\n")
+
+
+TASKS: dict[str, Callable[..., Case]] = {
+    "niah_number": niah_number,
+    "niah_word": niah_word,
+    "niah_uuid": niah_uuid,
+    "niah_multikey": niah_multikey,
+    "niah_multivalue": niah_multivalue,
+    "niah_multiquery": niah_multiquery,
+    "kv_retrieval": kv_retrieval,
+    "variable_tracking": variable_tracking,
+    "frequent_words": frequent_words,
+    "arithmetic": arithmetic,
+}
+
+
+def make_case(task: str, count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    """The ``task`` prompt of about ``n_tokens`` tokens (as counted by ``count``) for ``seed``."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+    return TASKS[task](count, n_tokens, seed, haystack)
+
