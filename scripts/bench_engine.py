@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sekv_gguf.config import ContextConfig, SekvConfig
+from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.documents import needle_prompt
 from sekv_gguf.engine import generate, make_policy
 from sekv_gguf.models import default_model_path
@@ -35,7 +35,7 @@ def run_case(model, model_name: str, n_tokens: int, depth: float, n_predict: int
     out = []
     cells = max(int(budget * (len(tokens) + n_predict)), min_budget)  # short contexts need a floor of cells
     for name in POLICIES:
-        policy = make_policy(name, model, len(tokens) + n_predict, ctx_config, SekvConfig(kv_budget=cells))
+        policy = make_policy(name, model, len(tokens) + n_predict, ctx_config, BudgetConfig(kv_budget=cells))
         t0 = time.perf_counter()
         r = generate(policy, tokens, n_predict, model_name=model_name, stop_at_eos=False)
         wall = time.perf_counter() - t0
@@ -116,7 +116,8 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"name": "engine", "machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
-              "params": vars(args) | {"context": ctx_config.__dict__, "sekv": SekvConfig(kv_budget=args.budget).__dict__},
+              "params": vars(args) | {"context": ctx_config.__dict__, "budget": BudgetConfig(kv_budget=args.budget).__dict__,
+                                      "sekv": SekvConfig().__dict__},
               "cases": cases}
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     plot(cases, out.with_suffix(".png"))

@@ -21,24 +21,21 @@ from sekv_gguf.adapter import read_adapter
 from sekv_gguf.config import SekvConfig
 from sekv_gguf.provenance import commit, machine
 from sekv_gguf.router import LowRankMassRouter, Router, TrainedRouter
-from sekv_gguf.spans import KeySketch, Span, factorize, sketches
+from sekv_gguf.span_store import SpanStore
 
 
-def spans_like_gemma(rng: np.random.Generator, n: int, length: int, n_head_kv: int, d: int, a) -> tuple:
+def spans_like_gemma(rng: np.random.Generator, n: int, length: int, n_head_kv: int, d: int, a) -> SpanStore:
     """n spans of correlated random keys [length, n_head_kv, d], factorised and sketched as the engine does."""
     mats = [(0.5 * rng.standard_normal((length, n_head_kv, d)) + rng.standard_normal((1, n_head_kv, d)))
             .astype(np.float32) for _ in range(n)]
-    factors = factorize(mats, SekvConfig())
-    sk = sketches(mats, a.spread_rank, a.n_centroids, a.kmeans_iters)
-    spans = [Span(id=i, positions=np.arange(length, dtype=np.int32), summary_cell=-1, k=[f],
-                  sketch=[KeySketch(**{k: v[i] for k, v in sk.items()})]) for i, f in enumerate(factors)]
-    keys = np.stack([m.mean(0) for m in mats])                                  # [n, Hkv, d]
-    bounds = (np.stack([m.min(0) for m in mats]), np.stack([m.max(0) for m in mats]))
-    return spans, keys, bounds
+    rows = np.concatenate(mats)                                                 # [n * length, Hkv, d]
+    store = SpanStore(1, n_head_kv, d, SekvConfig(), (a.spread_rank, a.n_centroids, a.kmeans_iters))
+    store.add([np.arange(length)] * n, [np.ones(length)] * n, lambda ikv: (rows, rows))
+    return store
 
 
 def per_call_ms(router: Router, args: tuple, repeat: int) -> float:
-    router.score(*args)  # warm: the router's per-layer tables are built on the first call
+    router.score(*args)  # warm
     t0 = time.perf_counter()
     for _ in range(repeat):
         router.score(*args)
@@ -58,13 +55,11 @@ def main() -> int:
     rows = []
     with threadpool_limits(1):
         for n in args.spans:
-            spans, keys, bounds = spans_like_gemma(rng, n, args.span_len, a.n_head_kv, a.head_dim, a)
-            lengths = np.full(n, float(args.span_len), dtype=np.float32)
+            store = spans_like_gemma(rng, n, args.span_len, a.n_head_kv, a.head_dim, a)
             query = (0.1 * rng.standard_normal((a.n_head, a.head_dim))).astype(np.float32)
-            call = (0, query, keys, lengths, spans, bounds)
-            routers = {"mass": LowRankMassRouter(), "trained": TrainedRouter(a), "trained+verify": TrainedRouter(a)}
-            routers["trained"].configure(SekvConfig(verify_candidates=0))
-            routers["trained+verify"].configure(SekvConfig())
+            call = (0, query, store)
+            routers = {"mass": LowRankMassRouter(), "trained": TrainedRouter(a, candidates=0),
+                       "trained+verify": TrainedRouter(a)}
             row = {"spans": n, "span_tokens": n * args.span_len}
             row.update({name: per_call_ms(r, call, args.repeat) for name, r in routers.items()})
             rows.append(row)

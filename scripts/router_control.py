@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-from sekv_gguf.config import ContextConfig, SekvConfig  # noqa: E402
-from sekv_gguf.eval.report import commit, machine  # noqa: E402
-from sekv_gguf.eval.suite import EvalConfig, run_suite  # noqa: E402
-from sekv_gguf.models import default_model_path  # noqa: E402
-from sekv_gguf.router import LowRankMassRouter, SummaryRouter  # noqa: E402
-from sekv_gguf.session import load_model  # noqa: E402
+from sekv_gguf.config import ContextConfig, SekvConfig
+from sekv_gguf.eval.suite import EvalConfig, run_suite
+from sekv_gguf.models import default_model_path
+from sekv_gguf.provenance import commit, machine
+from sekv_gguf.router import SummaryRouter, verify
+from sekv_gguf.session import load_model
+from sekv_gguf.span_store import SpanStore
 
 
 class VerifiedSummaryRouter(SummaryRouter):
@@ -28,11 +28,11 @@ class VerifiedSummaryRouter(SummaryRouter):
     name = "summary+verify"
 
     def __init__(self, candidates: int):
-        self.candidates, self._verify = candidates, LowRankMassRouter()
+        self.candidates = candidates
 
-    def score(self, ikv, query, keys, lengths, spans, bounds=None):
-        proposed = super().score(ikv, query, keys, lengths, spans, bounds)  # [n_spans]
-        return self._verify.verify(ikv, query, keys, spans, proposed, self.candidates)
+    def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
+        proposed = super().score(ikv, query, store)  # [n_spans]
+        return verify(ikv, query, store, proposed, self.candidates)
 
 
 def main() -> int:
@@ -46,7 +46,7 @@ def main() -> int:
     cfg = EvalConfig(policies=("sekv",), tasks=("niah_number",), lengths=(args.length,), samples=args.samples,
                      haystacks=("prose",), fidelity_docs=0)
     res = run_suite(model, cfg, ctx, progress=False, router=VerifiedSummaryRouter(SekvConfig.verify_candidates))
-    acc = {k.replace("sekv-trained", "sekv-summary+verify"): v for k, v in res["summary"]["accuracy"].items()}
+    acc = res["summary"]["accuracy"]  # runs named sekv-summary+verify@<budget>
     print(json.dumps(acc))
     out = Path(f"bench/router-control-{args.length // 1024}k.json")
     out.write_text(json.dumps({"machine": machine(), "commit": commit(), "params": res["params"], "accuracy": acc,

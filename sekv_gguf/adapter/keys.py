@@ -1,4 +1,4 @@
-"""Every key and tensor name of a SeKV router adapter (DESIGN.md §4), in one place. The generic keys are gguf-py's
+"""Every key and tensor name of a SeKV router adapter (docs/design.md §4), in one place. The generic keys are gguf-py's
 (``general.type = adapter``, ``general.architecture`` of the base model, ``general.name``, ``adapter.type``)."""
 
 from gguf import GGUFType, Keys

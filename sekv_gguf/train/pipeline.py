@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..adapter import RouterAdapter, model_identity, write_adapter
-from ..config import ContextConfig, SekvConfig
+from ..config import ContextConfig, SekvConfig, round_cells
 from ..provenance import commit
 from ..session import Session, load_model
 from .capture import CaptureConfig, capture
@@ -29,7 +29,7 @@ class TrainRun:
     out: str = "sekv-router.gguf"
     docs: int = 12
     tokens: int = 4096
-    budget: float = 0.05
+    budget_weight: float = 0.05  # weight of the loss's budget term (``LossWeights.budget``)
     epochs: int = 60
     proj_dim: int = 32
     seed: int = 0
@@ -37,9 +37,9 @@ class TrainRun:
     threads: int = 0
 
     def __post_init__(self) -> None:
-        if self.docs < 1 or self.tokens < 1024 or self.budget < 0:
-            raise ValueError(f"need docs >= 1, tokens >= 1024 and budget >= 0, got {self.docs}, {self.tokens}, "
-                             f"{self.budget}")
+        if self.docs < 1 or self.tokens < 1024 or self.budget_weight < 0:
+            raise ValueError(f"need docs >= 1, tokens >= 1024 and budget_weight >= 0, got {self.docs}, {self.tokens}, "
+                             f"{self.budget_weight}")
 
 
 def train(model_path: str, run: TrainRun, progress: bool = True) -> dict[str, Any]:
@@ -68,10 +68,10 @@ def train(model_path: str, run: TrainRun, progress: bool = True) -> dict[str, An
         captures.append(dict(np.load(f)))
     capture_s = time.perf_counter() - t_cap
     cfg = TrainConfig(proj_dim=run.proj_dim, epochs=run.epochs, seed=run.seed,
-                      weights=LossWeights(budget=run.budget))
+                      weights=LossWeights(budget=run.budget_weight))
     ck = cache / f"checkpoint-{hashlib.sha256(json.dumps(asdict(cfg), default=str).encode()).hexdigest()[:12]}.npz"
     result = fit(captures, cfg, checkpoint=ck, progress=progress)
-    probe = Session(model, ContextConfig(n_ctx=256, n_threads=run.threads))
+    probe = Session(model, ContextConfig(n_ctx=round_cells(1), n_threads=run.threads))  # smallest cache: layer shapes only
     try:
         layers, layer = list(probe.hook.model_layers), probe.hook.layers[0]
     finally:
@@ -81,7 +81,7 @@ def train(model_path: str, run: TrainRun, progress: bool = True) -> dict[str, An
         proj_dim=result["proj_dim"], w=result["w"], b=result["b"], tau=result["tau"], theta=result["theta"],
         spread_rank=result["spread_rank"], n_centroids=result["n_centroids"], kmeans_iters=cap.kmeans_iters,
         train={"docs": run.docs, "tokens": run.tokens, "epochs": run.epochs, "seed": run.seed,
-               "budget_weight": run.budget, "loss_before": result["loss_before"],
+               "budget_weight": run.budget_weight, "loss_before": result["loss_before"],
                "loss_after": result["loss_after"], "capture_s": capture_s, "train_s": result["train_s"],
                "commit": commit(), "corpus": "stdlib docs (not the eval's modules) + filler needles"})
     write_adapter(run.out, adapter)
