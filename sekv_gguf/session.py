@@ -156,10 +156,6 @@ class Session:
         """Largest position of ``seq`` in the memory (-1 when empty); the next token goes at ``pos_max() + 1``."""
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))
 
-    def clear(self) -> None:
-        """Empty the KV cache."""
-        llama_cpp.llama_memory_clear(self.memory, True)
-
     # -- text --------------------------------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
@@ -173,9 +169,6 @@ class Session:
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self.model.vocab, token, buf, len(buf), 0, False)
         return buf.raw[:n]
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.model.detokenize(list(tokens)).decode("utf-8", "replace")
 
     # -- decoding ----------------------------------------------------------------------------------------------
 
@@ -245,7 +238,4 @@ class Session:
                                         shape=(self.n_vocab,))
             prev = row.copy()
         return surp, prev
-
-    def synchronize(self) -> None:
-        llama_cpp.llama_synchronize(self.ctx)
 

@@ -3,7 +3,7 @@ and compression into the budget context (sinks, anchors and the window copied ov
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -11,12 +11,10 @@ from ..config import round_cells
 from ..session import Session
 from ..transfer import copy_tokens
 
-if TYPE_CHECKING:
-    from .sekv import SekvPolicy
 
-
-def prefill_exact(policy: "SekvPolicy", tokens: list[int]) -> np.ndarray:
-    """Prefill ``policy`` with ``tokens`` exactly; the logits of the next token."""
+def prefill_exact(policy: Any, tokens: list[int]) -> np.ndarray:
+    """Prefill ``policy`` (a ``SekvPolicy``, called from its ``prefill``) with ``tokens`` exactly; the logits of the
+    next token."""
     full = Session(policy.model, policy.ctx_config.sized(round_cells(len(tokens)), policy.plan.config.chunk))
     try:
         full.hook.enable_query_capture()
@@ -41,7 +39,7 @@ def prefill_exact(policy: "SekvPolicy", tokens: list[int]) -> np.ndarray:
     return logits
 
 
-def _transfer(policy: "SekvPolicy", full: Session, surp: np.ndarray) -> None:
+def _transfer(policy: Any, full: Session, surp: np.ndarray) -> None:
     """Segment the full context's tokens; copy the resident ones into the policy's context, compress the spans."""
     n = surp.size
     n_sink = min(policy.plan.config.n_sink, n)

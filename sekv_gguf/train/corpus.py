@@ -34,6 +34,9 @@ def module_text(name: str) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
+TRIM = 0.9  # an over-long document is cut to this share of its characters until it fits its token count
+
+
 def documents(count: Callable[[str], int], n_tokens: int, n_docs: int) -> Iterator[tuple[str, str]]:
     """(name, text) pairs of about ``n_tokens`` tokens: natural text first, every third one a needle task."""
     prose = "\n\n".join(module_text(m) for m in TRAIN_MODULES)
@@ -46,6 +49,6 @@ def documents(count: Callable[[str], int], n_tokens: int, n_docs: int) -> Iterat
             continue
         text = (prose[offset:] + prose[:offset])[:chars]
         while count(text) > n_tokens:
-            text = text[: int(len(text) * 0.9)]
+            text = text[: int(len(text) * TRIM)]
         yield f"prose@{offset}", text
         offset = (offset + chars) % len(prose)
