@@ -171,21 +171,23 @@ class SekvPolicy(Policy):
         if seg.spans:
             cells = np.concatenate([w.cell[g] for g in seg.spans])
             self.compress([w.pos[g] for g in seg.spans], [w.signal[g] for g in seg.spans],
-                          lambda ikv: self.session.hook.get_rows(ikv, cells))
-            self.session.hook.release(cells)  # the tokens' rows now live in the store
+                          lambda ikv: self.session.hook.get_rows(ikv, cells), release=cells)
         done = np.ones(over, dtype=bool)
         done[seg.pending] = False
         w.keep(np.concatenate([np.flatnonzero(~done), np.arange(over, len(w))]))
         self.counters["compress_s"] += time.perf_counter() - t0
 
     def compress(self, positions: list[np.ndarray], signal: list[np.ndarray],
-                 rows: Callable[[int], tuple[np.ndarray, np.ndarray]]) -> None:
-        """New spans into the store (``SpanStore.add``: positions, segmentation signal, rows per layer); their
-        summary rows into free cells (one per span, at the span's last position, bias ``+log|S|``)."""
+                 rows: Callable[[int], tuple[np.ndarray, np.ndarray]], release: np.ndarray | None = None) -> None:
+        """New spans into the store (``SpanStore.add``: positions, segmentation signal, rows per layer); the cells
+        ``release`` (the spans' own tokens, when they sat in this context) freed; then the summary rows into free
+        cells (one per span, at the span's last position, bias ``+log|S|``)."""
         weights = signal if self.segmenter.weighted else [np.ones(p.size) for p in positions]
         first = len(self.store)
         summaries = self.store.add(positions, weights, rows)
         hook = self.session.hook
+        if release is not None:
+            hook.release(release)  # the tokens' rows now live in the store
         if self.summary_rows:
             free = self._free_cells(len(positions))
             hook.claim(free, [int(p[-1]) for p in positions])
