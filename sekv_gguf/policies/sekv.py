@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-import llama_cpp
 import numpy as np
 
 from .. import native
@@ -32,7 +31,7 @@ from ..session import Session
 from ..span_store import SpanStore, single_threaded_blas
 from .base import Policy
 from .budget import BudgetPlan
-from .exact_prefill import prefill_exact
+from .prefill import prefill_exact, refresh_tail
 from .window import Window
 from .zoom import ZoomSlots
 
@@ -124,29 +123,9 @@ class SekvPolicy(Policy):
         if len(self.store):
             self.route()
             if self.config.zoom_lag_refresh:
-                logits = self.redecode_tail(tokens)
+                logits = refresh_tail(self, tokens)
         self.phase = "decode"
         return logits
-
-    def redecode_tail(self, tokens: list[int]) -> np.ndarray:
-        """Decode the last ``refresh_tokens`` prompt tokens again, now that the router has zoomed in for the prompt's
-        end: the question at the end of a long prompt then reads the rebuilt spans, not only their summaries."""
-        p_last = self.session.pos_max()
-        k = max(1, min(self.config.refresh_tokens, len(tokens), len(self.window)))
-        if self.session.hook.info.is_iswa:
-            # the sliding-window cache must still hold the window before the tail: llama.cpp keeps n_swa positions
-            # before the last ubatch, but a cache moved over with the state API holds only the last n_swa positions
-            k = min(k, 1 if self.swa_transferred else self.last_ubatch)
-        p0 = p_last - k + 1
-        assert self.window.pos[-k] == p0 and self.window.pos[-1] == p_last
-        llama_cpp.llama_memory_seq_rm(self.session.memory, 0, p0, -1)
-        signal = self.window.signal[-k:]
-        self.window.drop_newest(k)
-        out = self.session.decode(tokens[-k:], pos0=p0)
-        self.window.extend(np.arange(p0, p_last + 1), self.session.hook.cells_from(p0), signal)
-        self.prev_logits = out.copy()
-        self.notify()
-        return out
 
     def step(self, token: int) -> np.ndarray:
         logits = self._decode([token], scored=False)

@@ -1,10 +1,12 @@
-"""SeKV's exact prefill: full attention over the whole prompt in a temporary full-size context, then segmentation
-and compression into the budget context (sinks, anchors and the window copied over, spans into the store)."""
+"""Two steps of SeKV's prefill, called from ``SekvPolicy.prefill``: the exact prefill (full attention over the whole
+prompt in a temporary full-size context, then segmentation and compression into the budget context: sinks, anchors
+and the window copied over, spans into the store) and the refresh of the prompt's tail after the first routing."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import llama_cpp
 import numpy as np
 
 from ..config import round_cells
@@ -34,7 +36,7 @@ def prefill_exact(policy: Any, tokens: list[int]) -> np.ndarray:
         full.close()
     if len(policy.store):
         policy.route(queries)
-    logits = policy.redecode_tail(tokens)
+    logits = refresh_tail(policy, tokens)
     policy.phase = "decode"
     return logits
 
@@ -58,3 +60,25 @@ def _transfer(policy: Any, full: Session, surp: np.ndarray) -> None:
         full_cells = full.hook.cells_of(n)
         span_cells = np.concatenate([full_cells[g] for g in groups])
         policy.compress(groups, [surp[g] for g in groups], lambda ikv: full.hook.get_rows(ikv, span_cells))
+
+
+def refresh_tail(policy: Any, tokens: list[int]) -> np.ndarray:
+    """Decode the last ``refresh_tokens`` prompt tokens of ``policy`` (a ``SekvPolicy``) again, now that the router
+    has zoomed in for the prompt's end: the question at the end of a long prompt then reads the rebuilt spans, not
+    only their summaries."""
+    p_last = policy.session.pos_max()
+    k = max(1, min(policy.config.refresh_tokens, len(tokens), len(policy.window)))
+    if policy.session.hook.info.is_iswa:
+        # the sliding-window cache must still hold the window before the tail: llama.cpp keeps n_swa positions
+        # before the last ubatch, but a cache moved over with the state API holds only the last n_swa positions
+        k = min(k, 1 if policy.swa_transferred else policy.last_ubatch)
+    p0 = p_last - k + 1
+    assert policy.window.pos[-k] == p0 and policy.window.pos[-1] == p_last
+    llama_cpp.llama_memory_seq_rm(policy.session.memory, 0, p0, -1)
+    signal = policy.window.signal[-k:]
+    policy.window.drop_newest(k)
+    out = policy.session.decode(tokens[-k:], pos0=p0)
+    policy.window.extend(np.arange(p0, p_last + 1), policy.session.hook.cells_from(p0), signal)
+    policy.prev_logits = out.copy()
+    policy.notify()
+    return out
