@@ -92,6 +92,19 @@ class SpanTable:
     def __len__(self) -> int:
         return int(self.len.size)
 
+    @property
+    def arrays(self) -> list[np.ndarray]:
+        """The f16 arrays the table points into (kept alive by it)."""
+        return list(self._arrays)
+
+    def head(self, k: int) -> "SpanTable":
+        """A table of the first ``k`` spans (sharing their arrays)."""
+        out = SpanTable(self.n_head_kv, self.head_dim)
+        keep = 2 * k  # two arrays per span
+        out._arrays = self._arrays[:keep]
+        out.len, out.rank, out.a, out.b = self.len[:k].copy(), self.rank[:k].copy(), self.a[:k].copy(), self.b[:k].copy()
+        return out
+
     def append(self, length: int, raw: np.ndarray | None, us: np.ndarray | None, vt: np.ndarray | None) -> None:
         """raw f16 [L, Hkv, d], or us f16 [Hkv, L, r] with vt f16 [Hkv, r, d]."""
         hkv, d = self.n_head_kv, self.head_dim

@@ -46,6 +46,11 @@ class Segmenter:
         """float32 [n]: the tokens' surprisal."""
         return surprisal
 
+    def rewind(self, surprisal: np.ndarray, n_anchors: int) -> None:
+        """Statistics as if only ``surprisal`` had been observed and ``n_anchors`` anchors taken (a truncation)."""
+        self._n, self._sum, self._sq, self.n_anchors = 0, 0.0, 0.0, n_anchors
+        self.observe(surprisal)
+
     def observe(self, surprisal: np.ndarray) -> None:
         """Update the running statistics with newly realised tokens."""
         s = np.asarray(surprisal, dtype=np.float64)
@@ -151,6 +156,9 @@ class SentenceSegmenter:
 
     def observe(self, signal: np.ndarray) -> None:
         """Nothing to learn: sentence ends are read from the tokens."""
+
+    def rewind(self, signal: np.ndarray, n_anchors: int) -> None:
+        """Nothing to forget."""
 
     def cut(self, signal: np.ndarray, final: bool = False) -> Segmentation:
         ends = np.flatnonzero(np.asarray(signal) > 0.5)  # indices of sentence-final tokens

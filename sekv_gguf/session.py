@@ -108,6 +108,7 @@ class Session:
         for i in range(self.n_batch):
             self._batch.seq_id[i][0] = 0
         self._hook: KVHook | None = None
+        self.decoded_tokens = 0  # tokens through llama_decode so far (what a memory's reuse saves is read here)
 
     # -- construction ------------------------------------------------------------------------------------------
 
@@ -181,6 +182,7 @@ class Session:
         if outputs == "last":
             self._out[n - 1] = 1
         self._batch.n_tokens = n
+        self.decoded_tokens += n
         rc = llama_cpp.llama_decode(self.ctx, self._batch)
         if rc != 0:
             raise SekvError(f"llama_decode returned {rc} at positions {start}..{start + n - 1}"

@@ -105,6 +105,29 @@ class SpanStore:
         self.lengths = np.concatenate([self.lengths, [s.length for s in new]]).astype(np.float32)
         return summaries
 
+    def truncate(self, k: int) -> None:
+        """Keep the first ``k`` spans (a rollback): every per-layer array and table shortened."""
+        self.spans = self.spans[:k]
+        self.lengths = self.lengths[:k]
+        for ikv in range(self.n_layer):
+            self.keys[ikv], self.kmin[ikv], self.kmax[ikv] = self.keys[ikv][:k], self.kmin[ikv][:k], self.kmax[ikv][:k]
+            self.tables[ikv] = self.tables[ikv].head(k)
+            if self.sketch[ikv]:
+                self.sketch[ikv] = {f: x[:k] for f, x in self.sketch[ikv].items()}
+
+    def shared_objects(self) -> list[object]:
+        """What a snapshot of the store may share with it: the spans (immutable once placed), their host arrays
+        and the stacked per-layer arrays (replaced, never written in place)."""
+        out: list[object] = [*self.spans, self.lengths, *self.keys, *self.kmin, *self.kmax]
+        for s in self.spans:
+            out += [s.positions, *s.k, *s.v]
+            out += [a for f in s.k + s.v for a in (f.us, f.vt, f.raw) if a is not None]
+        for t in self.tables:
+            out += t.arrays
+        for sk in self.sketch:
+            out += list(sk.values())
+        return out
+
     def place_summaries(self, first: int, cells: np.ndarray) -> None:
         """Record the device cells that hold the summary rows of spans ``first, first+1, ...``."""
         for span, cell in zip(self.spans[first:], cells):

@@ -1,21 +1,36 @@
-"""The policy interface: a policy owns one llama_context and decides what its KV cache holds."""
+"""The policy interface: a policy owns one llama_context and decides what its KV cache holds.
+
+Lifecycle, for every policy: ``append(tokens)`` decodes tokens after the newest (a prompt, or a turn's new part)
+and returns the next token's logits; ``step(token)`` decodes one generated token; ``truncate(n)`` keeps the first
+``n`` tokens (False: this memory cannot, and the caller resets and appends again); ``reset()`` empties it;
+``snapshot()`` / ``restore()`` save and bring back a memory. Invariants, checked by the tests from the hook: the
+last decode produced an output row; the sequence's largest position is ``n_tokens - 1``; the device cells never
+exceed the budget.
+"""
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+import llama_cpp
 import numpy as np
 
+from ..errors import HookStateError
 from ..session import Session
+from .snapshot import DeviceState, Snapshot
+
+# attributes that are a policy's fixed parts, not its memory: shared by every snapshot, never copied
+SHARED_ATTRS = ("session", "observer", "model", "ctx_config", "router", "config", "params", "plan", "hook")
 
 
 class Policy(ABC):
-    """Prefill a prompt, then decode one token at a time; ``stats`` reports what the cache held.
+    """Decode a prompt and generated tokens into one llama_context; ``stats`` reports what the cache held.
 
-    Constructors take ``(model, n_context, ctx_config, budget, params, observer)``: the model, prompt + generation
-    tokens, the context settings, the shared ``BudgetConfig`` and the policy's own parameters (an instance of
-    ``Params``, None for a policy without any); a policy that ``routes`` also takes a ``router``."""
+    Constructors take ``(model, n_context, ctx_config, budget, params, observer)``: the model, the most tokens the
+    memory will hold, the context settings, the shared ``BudgetConfig`` and the policy's own parameters (an
+    instance of ``Params``, None for a policy without any); a policy that ``routes`` also takes a ``router``."""
 
     name: str = "policy"
     Params: type | None = None  # the dataclass of the policy's own parameters
@@ -25,15 +40,124 @@ class Policy(ABC):
         self.session = session
         self.observer = observer
         self.phase = "prefill"  # what the policy is doing when it notifies: prefill, compress, decode
-        self.n_prefilled = 0    # prompt tokens through the model so far
+        self.n_prefilled = 0    # tokens of the current append through the model so far
+        self.tokens: list[int] = []  # every token of the memory, in position order
 
-    @abstractmethod
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        """Decode the prompt; float32 logits [n_vocab] of the next token."""
+    def _init_done(self) -> None:
+        """Called at the end of a constructor: the empty memory that ``reset`` returns to."""
+        self._empty = self._state()
 
-    @abstractmethod
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    def append(self, tokens: Sequence[int]) -> np.ndarray:
+        """Decode ``tokens`` after the newest one; float32 logits [n_vocab] of the next token."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("no tokens to append")
+        self.phase = "prefill"
+        logits = self._append(tokens)
+        self.tokens.extend(tokens)
+        self.phase = "decode"
+        return logits
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """``append`` into an empty memory."""
+        if not tokens:
+            raise ValueError("empty prompt")
+        if self.tokens:
+            raise ValueError("prefill needs an empty memory (reset() it, or append())")
+        return self.append(tokens)
+
     def step(self, token: int) -> np.ndarray:
-        """Decode one token after the newest; logits of the next one."""
+        """Decode one generated token after the newest; logits of the next one."""
+        logits = self._step(int(token))
+        self.tokens.append(int(token))
+        self.notify()
+        return logits
+
+    def truncate(self, n: int) -> bool:
+        """Keep the first ``n`` tokens; False when this memory cannot drop what follows them (nothing changed)."""
+        if n >= len(self.tokens):
+            return True
+        if n <= 0:
+            self.reset()
+            return True
+        return self._truncate(n)
+
+    def reset(self) -> None:
+        """Empty the memory (the context and the policy's bookkeeping)."""
+        llama_cpp.llama_memory_clear(self.session.memory, True)
+        hook = self.session.hook
+        try:
+            for ikv in range(hook.info.n_layer_kv):
+                hook.set_bias(ikv, np.zeros(hook.info.kv_size, dtype=np.float32))
+        except HookStateError:  # the bias is off
+            pass
+        self._set_state(self._empty)
+
+    @abstractmethod
+    def _append(self, tokens: list[int]) -> np.ndarray:
+        """Decode ``tokens`` after ``self.tokens`` (not yet extended); logits of the next token."""
+
+    @abstractmethod
+    def _step(self, token: int) -> np.ndarray:
+        """Decode one generated token."""
+
+    def _truncate(self, n: int) -> bool:
+        """Keep the first ``n`` of more than ``n`` tokens (0 < n); the default refuses."""
+        return False
+
+    def swa_covers(self, n: int) -> bool:
+        """Whether the sliding-window cache of an iSWA model still holds the window before position ``n``, so that
+        decoding can go on from ``n`` once later positions are removed (always true without one)."""
+        info = self.session.hook.info
+        if not info.is_iswa:
+            return True
+        return int(llama_cpp.llama_memory_seq_pos_min(self.session.memory, 0)) <= max(0, n - info.n_swa)
+
+    def cut(self, n: int) -> None:
+        """Remove every position >= ``n`` from the context (both caches of an iSWA model) and the token list."""
+        llama_cpp.llama_memory_seq_rm(self.session.memory, 0, n, -1)
+        del self.tokens[n:]
+
+    # -- snapshots ---------------------------------------------------------------------------------------------
+
+    def _shared(self) -> list[Any]:
+        """Objects a copy of the bookkeeping shares instead of copying (immutable or not memory)."""
+        out = [getattr(self, a) for a in SHARED_ATTRS if hasattr(self, a)]
+        return out + [self.session.hook, self.session.model]
+
+    def _state(self) -> dict[str, Any]:
+        """A copy of the policy's bookkeeping (everything but ``SHARED_ATTRS`` and the empty state)."""
+        memo = {id(o): o for o in self._shared()}
+        own = {k: v for k, v in vars(self).items() if k not in SHARED_ATTRS and k != "_empty"}
+        return copy.deepcopy(own, memo)
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        memo = {id(o): o for o in self._shared()}
+        vars(self).update(copy.deepcopy(state, memo))
+
+    def snapshot(self) -> Snapshot:
+        """The memory as it is now, restorable with ``restore``."""
+        device = DeviceState.take(self.session)
+        return Snapshot(tokens=list(self.tokens), device=device, state=self._state(),
+                        host_bytes=device.nbytes + self.host_bytes)
+
+    def restore(self, snap: Snapshot) -> None:
+        """Bring back the memory of ``snap`` (taken from this policy)."""
+        snap.device.put(self.session)
+        self._set_state(snap.state)
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of this memory kept in host memory (0: everything is on the device)."""
+        return 0
+
+    # -- reporting ---------------------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         info = self.session.hook.info
@@ -48,7 +172,7 @@ class Policy(ABC):
 
 
 class StreamedPolicy(Policy):
-    """A policy that feeds the prompt to ``_decode`` in chunks of ``self.chunk`` tokens, then each new token."""
+    """A policy that feeds appended tokens to ``_decode`` in chunks of ``self.chunk`` tokens."""
 
     chunk: int
 
@@ -56,18 +180,13 @@ class StreamedPolicy(Policy):
     def _decode(self, tokens: list[int]) -> np.ndarray:
         """Decode ``tokens`` after the newest one (and keep the cache within its rule); logits of the next one."""
 
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        if not tokens:
-            raise ValueError("empty prompt")
+    def _append(self, tokens: list[int]) -> np.ndarray:
         logits = None
         for c0 in range(0, len(tokens), self.chunk):
             logits = self._decode(tokens[c0:c0 + self.chunk])
             self.n_prefilled = min(c0 + self.chunk, len(tokens))
             self.notify()
-        self.phase = "decode"
         return logits
 
-    def step(self, token: int) -> np.ndarray:
-        logits = self._decode([token])
-        self.notify()
-        return logits
+    def _step(self, token: int) -> np.ndarray:
+        return self._decode([token])

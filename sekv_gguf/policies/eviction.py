@@ -59,6 +59,7 @@ class EvictionPolicy(StreamedPolicy):
         self.cell = np.zeros(0, dtype=np.int32)    # [n_resident] their cells
         self.score = np.zeros(0, dtype=np.float64)  # [n_resident] the policy's per-token score
         self.evicted = 0
+        self._init_done()
 
     # -- the rule ----------------------------------------------------------------------------------------------
 
@@ -102,6 +103,15 @@ class EvictionPolicy(StreamedPolicy):
         if not self.fits:
             self.observe(np.arange(n0, self.pos.size))
         return logits
+
+    def _truncate(self, n: int) -> bool:
+        """Drop the resident tokens at positions >= ``n`` (those evicted before stay evicted)."""
+        if not self.swa_covers(n):
+            return False
+        self.cut(n)
+        keep = self.pos < n
+        self.pos, self.cell, self.score = self.pos[keep], self.cell[keep], self.score[keep]
+        return True
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()

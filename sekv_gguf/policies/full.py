@@ -21,17 +21,21 @@ class FullPolicy(Policy):
                  params: None = None, observer: Callable[[Policy], None] | None = None):
         chunk = (budget or BudgetConfig()).chunk
         super().__init__(Session(model, ctx_config.sized(round_cells(n_context), chunk)), observer)
+        self._init_done()
 
-    def prefill(self, tokens: list[int]) -> np.ndarray:
+    def _append(self, tokens: list[int]) -> np.ndarray:
         logits = None
         for c0 in range(0, len(tokens), self.session.n_batch):
             logits = self.session.decode(tokens[c0:c0 + self.session.n_batch])
             self.n_prefilled = min(c0 + self.session.n_batch, len(tokens))
             self.notify()
-        self.phase = "decode"
         return logits
 
-    def step(self, token: int) -> np.ndarray:
-        logits = self.session.decode([token])
-        self.notify()
-        return logits
+    def _step(self, token: int) -> np.ndarray:
+        return self.session.decode([token])
+
+    def _truncate(self, n: int) -> bool:
+        if not self.swa_covers(n):
+            return False
+        self.cut(n)
+        return True

@@ -32,6 +32,7 @@ from ..span_store import SpanStore, single_threaded_blas
 from .base import Policy
 from .budget import BudgetPlan
 from .prefill import prefill_exact, refresh_tail
+from .rollback import truncate
 from .window import Window
 from .zoom import ZoomSlots
 
@@ -81,7 +82,10 @@ class SekvPolicy(Policy):
         self.last_ubatch = 0  # tokens in the last streamed prompt ubatch (bounds what can be re-decoded on iSWA)
         self.swa_transferred = False  # the SWA cache came from another context (exact prefill)
         self.steps = 0
+        self.signal_log = np.zeros(0, dtype=np.float32)  # [n_tokens] every token's segmentation signal
+        self.carry_signal: float | None = None  # the signal of the next token when its logits are gone (rollback)
         self.counters = {"route_calls": 0, "compress_s": 0.0, "zoom_s": 0.0}
+        self._init_done()
 
     # -- decoding ----------------------------------------------------------------------------------------------
 
@@ -95,6 +99,8 @@ class SekvPolicy(Policy):
             surp = np.zeros(len(tokens), dtype=np.float32)
             if self.prev_logits is not None:
                 surp[0] = native.surprisal(self.prev_logits[None, :], tokens[:1])[0]
+        if self.carry_signal is not None:  # the first token after a rollback: its surprisal from before
+            surp[0], self.carry_signal = self.carry_signal, None
         self.prev_logits = last
         self._admit(p0, self.segmenter.signal(tokens, surp, self.session.piece))
         return last
@@ -104,13 +110,14 @@ class SekvPolicy(Policy):
         cells = self.session.hook.cells_from(p0)
         n_sink = max(0, min(self.plan.config.n_sink - len(self.sinks), signal.size)) if not len(self.window) else 0
         self.sinks.extend(range(p0, p0 + n_sink))
+        self.signal_log = np.concatenate([self.signal_log, signal]).astype(np.float32)
         self.segmenter.observe(signal[n_sink:])
         self.window.extend(np.arange(p0 + n_sink, p0 + signal.size), cells[n_sink:], signal[n_sink:])
 
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        if not tokens:
-            raise ValueError("empty prompt")
-        if self.config.prefill == "exact" and not self.plan.fits and self.segmenter.scored:
+    def _append(self, tokens: list[int]) -> np.ndarray:
+        """Stream ``tokens`` through the budget context (compressing what leaves the window), then route and
+        refresh the tail; an exact prefill when asked for and the memory is empty."""
+        if self.config.prefill == "exact" and not self.plan.fits and self.segmenter.scored and not self.tokens:
             return prefill_exact(self, tokens)
         logits = None
         for c0 in range(0, len(tokens), self.plan.chunk):
@@ -124,17 +131,27 @@ class SekvPolicy(Policy):
             self.route()
             if self.config.zoom_lag_refresh:
                 logits = refresh_tail(self, tokens)
-        self.phase = "decode"
         return logits
 
-    def step(self, token: int) -> np.ndarray:
+    def _step(self, token: int) -> np.ndarray:
         logits = self._decode([token], scored=False)
         self.steps += 1
         self._maintain()
         if len(self.store) and self.steps % self.config.route_every == 0:
             self.route()
-        self.notify()
         return logits
+
+    # -- truncation and snapshots ------------------------------------------------------------------------------
+
+    def _truncate(self, n: int) -> bool:
+        return truncate(self, n)
+
+    def _shared(self) -> list[Any]:
+        return super()._shared() + self.store.shared_objects()
+
+    @property
+    def host_bytes(self) -> int:
+        return self.store.host_bytes
 
     # -- compression -------------------------------------------------------------------------------------------
 

@@ -71,6 +71,7 @@ class SemantiCachePolicy(StreamedPolicy):
         self.window = Window()  # signal: 1 where the token ends a sentence
         self.cores = 0
         self.merged_tokens = 0
+        self._init_done()
 
     def _decode(self, tokens: list[int]) -> np.ndarray:
         p0 = self.session.pos_max() + 1
@@ -141,6 +142,15 @@ class SemantiCachePolicy(StreamedPolicy):
             self.hook.set_bias_cells(ikv, free, bias[ikv])
         self.cores += total
         self.merged_tokens += int(all_cells.size)
+
+    def _truncate(self, n: int) -> bool:
+        """Within the recent window only: merged cores are final."""
+        w = self.window
+        if not len(w) or n < w.pos[0] or not self.swa_covers(n):
+            return False
+        self.cut(n)
+        w.keep(np.flatnonzero(w.pos < n))
+        return True
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()

@@ -56,12 +56,13 @@ class SnapKVPolicy(EvictionPolicy):
         keep = np.sort(np.argsort(-self.pooled(votes.sum(axis=0)), kind="stable")[:n_keep])
         return [keep] * votes.shape[0]
 
-    def prefill(self, tokens: list[int]) -> np.ndarray:
+    def _append(self, tokens: list[int]) -> np.ndarray:
+        """The first append (the prompt) selects what stays; later ones stream as StreamingLLM does."""
         n_gen = self.n_context - len(tokens)
         w = min(self.params.obs_window, len(tokens) - 1)
         n_keep = self.budget - w - max(n_gen, 0) - 1
-        if self.fits or len(tokens) <= self.budget - max(n_gen, 0) or n_keep < self.n_sink or w < 1:
-            return super().prefill(tokens)
+        if self.tokens or self.fits or len(tokens) <= self.budget - max(n_gen, 0) or n_keep < self.n_sink or w < 1:
+            return super()._append(tokens)
         full = Session(self.session.model, self.session.config.sized(round_cells(len(tokens)), self.plan.config.chunk))
         try:
             full.hook.enable_query_capture()
@@ -91,7 +92,6 @@ class SnapKVPolicy(EvictionPolicy):
             self._mask_layers(union, per_layer)
         finally:
             full.close()
-        self.phase = "decode"
         self.notify()
         return logits
 

@@ -33,6 +33,13 @@ class ZoomSlots:
         self.hook.claim(self.slots, np.zeros(self.slots.size, dtype=np.int32))
         self.hook.set_bias_cells(-1, self.slots, NEG_INF)
 
+    def forget(self, first: int) -> None:
+        """Spans ``first, first+1, ...`` are gone (a rollback): free their slots in every layer."""
+        for ikv, resident in enumerate(self.resident):
+            for sid in [s for s in resident if s >= first]:
+                self.hook.set_bias_cells(ikv, self.slots[resident.pop(sid)], NEG_INF)
+                del self.last_use[ikv][sid]
+
     def choose(self, scores: np.ndarray, lengths: np.ndarray) -> list[int]:
         """Span ids in descending score that fit the slots together (a span that does not fit is skipped)."""
         chosen, used = [], 0

@@ -1,0 +1,144 @@
+"""The policy lifecycle (append / step / truncate / reset / snapshot), for every policy, checked from the hook: the
+last decode produced an output row, the sequence's largest position is n_tokens - 1, the cells stay within the
+budget; ``full`` under this API is exact."""
+
+from __future__ import annotations
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from conftest import prose
+from sekv_gguf.config import BudgetConfig, SekvConfig
+from sekv_gguf.engine import make_policy
+from sekv_gguf.policies import POLICIES
+
+BUDGET = BudgetConfig(kv_budget=512, chunk=128)
+
+
+def _tokens(model, n: int, offset: int = 0) -> list[int]:
+    return model.tokenize(prose(6 * n, offset).encode(), add_bos=True, special=False)[:n]
+
+
+def check_invariants(policy) -> None:
+    s = policy.session
+    assert llama_cpp.llama_get_logits_ith(s.ctx, -1), "the last decode gave no output row"
+    assert s.pos_max() == policy.n_tokens - 1
+    assert int((s.hook.cells_pos() >= 0).sum()) <= s.hook.info.kv_size
+
+
+def _greedy(policy, logits, n: int) -> list[int]:
+    out = []
+    for _ in range(n):
+        t = int(np.argmax(logits))
+        out.append(t)
+        logits = policy.step(t)
+        check_invariants(policy)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_keeps_the_invariants_through_its_lifecycle(llama_model, name):
+    toks = _tokens(llama_model, 1400)
+    policy = make_policy(name, llama_model, 2000, budget=BUDGET)
+    try:
+        logits = policy.append(toks[:900])
+        check_invariants(policy)
+        logits = policy.append(toks[900:])  # a second turn: only its tokens are decoded
+        check_invariants(policy)
+        gen = _greedy(policy, logits, 6)
+        assert policy.tokens == toks + gen
+        n = len(toks) + 2
+        if policy.truncate(n):  # drop the last generated tokens: inside every recent window
+            assert policy.n_tokens == n
+            check_invariants(policy)
+            logits = policy.append(gen[2:4])
+            check_invariants(policy)
+        policy.reset()
+        assert policy.n_tokens == 0 and policy.session.pos_max() == -1
+        policy.append(toks[:300])
+        check_invariants(policy)
+    finally:
+        policy.close()
+
+
+def test_full_policy_is_exact_under_the_lifecycle(llama_model):
+    """append in parts, truncate and append again, reset: the logits of a fresh prefill of the same tokens."""
+    toks = _tokens(llama_model, 700, 2000)
+    ref = make_policy("full", llama_model, 1000, budget=BUDGET)
+    want = ref.prefill(toks)
+    want_500 = make_policy("full", llama_model, 1000, budget=BUDGET)
+    w500 = want_500.prefill(toks[:500])
+    want_500.close()
+    ref.close()
+    p = make_policy("full", llama_model, 1000, budget=BUDGET)
+    p.append(toks[:300])
+    got = p.append(toks[300:])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * np.abs(want).max())
+    assert p.truncate(499)
+    got = p.append(toks[499:500])
+    np.testing.assert_allclose(got, w500, rtol=0, atol=1e-3 * np.abs(w500).max())
+    p.reset()
+    np.testing.assert_array_equal(p.prefill(toks), want)
+    p.close()
+
+
+@pytest.mark.parametrize("which", ["llama", "gemma"])
+def test_a_snapshot_restores_the_memory_exactly(llama_model, gemma_model, which):
+    model = llama_model if which == "llama" else gemma_model
+    toks = _tokens(model, 1500, 500)
+    policy = make_policy("sekv", model, 2000, budget=BUDGET, params=SekvConfig(route_every=1))
+    try:
+        logits = policy.append(toks)
+        snap = policy.snapshot()
+        first = _greedy(policy, logits, 8)
+        spans = len(policy.store)
+        policy.append(_tokens(model, 200, 9000))  # the memory moves on
+        policy.restore(snap)
+        check_invariants(policy)
+        assert policy.tokens == toks and len(policy.store) <= spans
+        again = _greedy(policy, logits, 8)
+        assert again == first
+        assert snap.host_bytes > 0 and snap.n_tokens == len(toks)
+    finally:
+        policy.close()
+
+
+def test_sekv_truncate_inside_compressed_spans_redecodes_from_the_span(llama_model):
+    """A divergence deep inside the compressed part drops the spans from there on and decodes again only from the
+    start of the first dropped span: far fewer tokens than a re-prefill."""
+    toks = _tokens(llama_model, 1800, 700)
+    policy = make_policy("sekv", llama_model, 2400, budget=BUDGET)
+    try:
+        policy.append(toks)
+        spans = policy.store.spans
+        assert len(spans) > 6
+        n = int(spans[len(spans) // 2].positions[10])  # inside a middle span
+        start = int(spans[len(spans) // 2].positions[0])
+        kept = [s.positions.tolist() for s in spans[: len(spans) // 2]]
+        before = policy.session.decoded_tokens
+        assert policy.truncate(n)
+        check_invariants(policy)
+        redone = policy.session.decoded_tokens - before
+        assert policy.n_tokens == n and policy.tokens == toks[:n]
+        assert redone <= (n - start) + policy.config.refresh_tokens  # the span's start to n, and the tail refresh
+        assert [s.positions.tolist() for s in policy.store.spans[: len(kept)]] == kept
+        assert all(s.positions[-1] < n for s in policy.store.spans)
+        logits = policy.append(toks[n:])  # and it goes on
+        check_invariants(policy)
+        _greedy(policy, logits, 4)
+    finally:
+        policy.close()
+
+
+def test_sekv_refuses_a_truncation_in_the_first_span(llama_model):
+    toks = _tokens(llama_model, 1500)
+    policy = make_policy("sekv", llama_model, 2000, budget=BUDGET)
+    try:
+        policy.append(toks)
+        n = int(policy.store.spans[0].positions[3])
+        assert not policy.truncate(n)
+        assert policy.tokens == toks  # nothing changed
+        check_invariants(policy)
+    finally:
+        policy.close()
