@@ -1,0 +1,134 @@
+"""Conversation memories for a served model: one live policy, an LRU of saved memories (snapshots in host RAM,
+bounded), a checkpoint at the end of each prompt, and a small scratch context for side requests.
+
+Desktop clients send every turn as the whole conversation; between turns they send short unrelated prompts (chat
+titles, tags, follow-up suggestions). ``select`` picks, for a new prompt, the memory that shares the longest prefix
+with it: the live one, a saved one (the live one is saved and the other restored), or — for a short prompt that
+shares little with every memory — the scratch context, so that the conversation is not wiped. ``truncate`` keeps a
+prefix (the generation loop asks for it when a prompt diverges from the memory); a divergence at or before the end
+of the last prompt (regenerate, an edited reply) starts from that prompt's checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .policies.base import Policy
+from .policies.snapshot import Snapshot
+
+
+@dataclass
+class MemoryConfig:
+    """memories: conversation memories kept (the live one included); host_limit: most bytes the saved ones may
+    hold in host RAM (the oldest go first); scratch_tokens: a prompt of at most this many tokens (prompt + reply)
+    that shares less than ``scratch_share`` of itself with every memory runs in the scratch context."""
+
+    memories: int = 2
+    host_limit: int = 4 << 30
+    scratch_tokens: int = 2048
+    scratch_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.memories < 1 or self.host_limit < 0 or self.scratch_tokens < 0 or not 0 <= self.scratch_share <= 1:
+            raise ValueError(f"need memories >= 1, host_limit >= 0, scratch_tokens >= 0, scratch_share in [0, 1]; "
+                             f"got {self}")
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+class Memories:
+    """The live policy (made by ``make_live``), saved memories, the prompt checkpoint and the scratch policy (made
+    by ``make_scratch`` on first use); ``active`` is the policy the current request runs on."""
+
+    def __init__(self, make_live: Callable[[], Policy], make_scratch: Callable[[], Policy] | None,
+                 config: MemoryConfig | None = None):
+        self.config = config or MemoryConfig()
+        self.live = make_live()
+        self.make_scratch = make_scratch
+        self.scratch: Policy | None = None
+        self.active: Policy = self.live
+        self.saved: list[Snapshot] = []  # least recently used first
+        self.checkpoint: Snapshot | None = None
+        self.counters = {"switches": 0, "scratch_requests": 0, "checkpoint_restores": 0, "evicted": 0}
+
+    def select(self, prompt: Sequence[int], n_predict: int) -> Policy:
+        """Make the memory that best serves ``prompt`` (plus ``n_predict`` new tokens) active; returns it."""
+        cfg = self.config
+        live = common_prefix(self.live.tokens, prompt)
+        best = max(range(len(self.saved)), key=lambda i: common_prefix(self.saved[i].tokens, prompt), default=None)
+        saved = common_prefix(self.saved[best].tokens, prompt) if best is not None else 0
+        little = max(live, saved) < cfg.scratch_share * len(prompt)  # shares little with every memory
+        fits_scratch = self.make_scratch is not None and len(prompt) + n_predict <= cfg.scratch_tokens
+        if little and fits_scratch and self.live.n_tokens > 0:
+            if self.scratch is None:
+                self.scratch = self.make_scratch()
+            self.counters["scratch_requests"] += 1
+            self.active = self.scratch
+            return self.active
+        self.active = self.live
+        if little and self.live.n_tokens > 0:  # a new conversation: keep the old one among the saved
+            self._save_live()
+            self.live.reset()
+            self.checkpoint = None
+        elif saved > live:  # an earlier conversation goes on
+            snap = self.saved.pop(best)
+            self._save_live()
+            self.live.restore(snap)
+            self.checkpoint = None
+            self.counters["switches"] += 1
+        return self.active
+
+    def _save_live(self) -> None:
+        if self.live.n_tokens == 0 or self.config.memories < 2:
+            return
+        self.saved.append(self.live.snapshot())
+        while len(self.saved) > self.config.memories - 1 or (
+                self.saved and self.host_bytes > self.config.host_limit):
+            self.saved.pop(0)
+            self.counters["evicted"] += 1
+
+    def mark_prompt(self) -> None:
+        """The prompt is in the active memory: checkpoint it (the live memory only)."""
+        if self.active is self.live:
+            self.checkpoint = self.live.snapshot()
+
+    def truncate(self, n: int) -> bool:
+        """Keep the first ``n`` tokens of the active memory (from the prompt checkpoint when the cut is at or
+        before its end); False when it cannot."""
+        policy, cp = self.active, self.checkpoint
+        if n >= policy.n_tokens:
+            return True
+        if (policy is self.live and cp is not None and n <= cp.n_tokens < policy.n_tokens
+                and policy.tokens[:cp.n_tokens] == cp.tokens):
+            policy.restore(cp)
+            self.counters["checkpoint_restores"] += 1
+        return policy.truncate(n)
+
+    def reset(self) -> None:
+        """Empty the active memory."""
+        self.active.reset()
+        if self.active is self.live:
+            self.checkpoint = None
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes held in host RAM: the saved memories, the checkpoint and the live memory's spans."""
+        snaps = self.saved + ([self.checkpoint] if self.checkpoint is not None else [])
+        return int(sum(s.host_bytes for s in snaps) + self.live.host_bytes)
+
+    def close(self) -> None:
+        self.saved.clear()
+        self.checkpoint = None
+        for p in (self.live, self.scratch):
+            if p is not None:
+                p.close()
