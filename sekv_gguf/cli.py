@@ -5,6 +5,8 @@ completes a prompt as raw text (default: the bundled long document and a questio
 its PyPI package): progress on stderr, the answer streamed to stdout, statistics at the end (``--json``: one JSON
 object on stdout and nothing else).
 ``info [MODEL.gguf]`` prints the KV hook's view of a model's context: hooked layers, cache sizes, bytes per token.
+``serve [MODEL.gguf]`` runs an OpenAI-compatible server on ``SekvLlama``; ``chat [MODEL.gguf]`` a terminal chat
+(default model of both: SmolLM2-135M-Instruct).
 Errors end the process with a one-line message on stderr and a non-zero exit code.
 """
 
@@ -215,6 +217,30 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("-q", "--quiet", action="store_true")
     tr.set_defaults(func=cmd_train)
 
+    from .serve import ServeConfig
+
+    sv = sub.add_parser("serve", help="OpenAI-compatible server (chat and completions) on SekvLlama")
+    chat_help = "GGUF model (default: SmolLM2-135M-Instruct from its PyPI package)"
+    sv.add_argument("model", nargs="?", help=chat_help)
+    _llm_args(sv)
+    sv.add_argument("--host", default=ServeConfig.host)
+    sv.add_argument("--port", type=int, default=ServeConfig.port)
+    sv.add_argument("--api-key", help="require this bearer token")
+    sv.add_argument("--alias", help="the model's name in /v1/models (default: the file's stem)")
+    sv.add_argument("--max-tokens", type=int, default=ServeConfig.max_tokens,
+                    help=f"reply tokens for a request that names none (default {ServeConfig.max_tokens})")
+    sv.add_argument("--memories", type=int, default=ServeConfig.memories,
+                    help="conversation memories kept (LRU, the live one included)")
+    sv.add_argument("--config", help="JSON or YAML file of serve settings (flags given here override it)")
+    sv.set_defaults(func=cmd_serve)
+
+    ch = sub.add_parser("chat", help="interactive terminal chat on SekvLlama (/reset, /stats, /file PATH, /quit)")
+    ch.add_argument("model", nargs="?", help=chat_help)
+    _llm_args(ch)
+    ch.add_argument("--max-tokens", type=int, default=ServeConfig.max_tokens, help="reply tokens per turn")
+    ch.add_argument("--system", help="a system message")
+    ch.set_defaults(func=cmd_chat)
+
     info = sub.add_parser("info", help="print the KV hook's view of a model's context")
     info.add_argument("model", nargs="?", help=model_help)
     info.add_argument("--n-ctx", type=int, default=ContextConfig.n_ctx, help="cells of the KV cache")
@@ -222,6 +248,56 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
     info.set_defaults(func=cmd_info)
     return parser
+
+
+def _llm_args(p: argparse.ArgumentParser) -> None:
+    """The SekvLlama options ``serve`` and ``chat`` share."""
+    from .serve import ServeConfig
+
+    p.add_argument("--policy", default=ServeConfig.policy, choices=sorted(POLICIES), help="KV policy")
+    p.add_argument("--kv-budget", type=_budget, default=ServeConfig.kv_budget,
+                   help="device cells: a count, or a fraction of the logical context")
+    p.add_argument("--n-ctx", type=int, default=ServeConfig.n_ctx,
+                   help="logical context in tokens (0: the model's training context)")
+    p.add_argument("--prefill", default=ServeConfig.prefill, choices=["auto", "streaming", "exact"])
+    p.add_argument("--adapter", help="trained router adapter for the sekv policy")
+    p.add_argument("--chat-format", help="llama-cpp-python chat format for a GGUF without a chat template "
+                                         "(e.g. gemma, chatml)")
+    p.add_argument("--threads", type=int, default=ServeConfig.threads, help="llama.cpp threads (0: its default)")
+
+
+def _serve_config(args: argparse.Namespace) -> Any:
+    """``--config`` file settings, overridden by the flags given on the command line."""
+    from dataclasses import fields
+
+    from .serve import ServeConfig
+
+    defaults = vars(build_parser().parse_args(["serve"]))
+    given = {f.name: getattr(args, f.name) for f in fields(ServeConfig)
+             if getattr(args, f.name) != defaults.get(f.name)}
+    base = ServeConfig.from_file(args.config) if args.config else ServeConfig()
+    return ServeConfig(**{**vars(base), **given})
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import serve
+
+    return serve(_serve_config(args), log=lambda line: print(line, file=sys.stderr))
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from .chat import run_chat
+    from .serve import ServeConfig, load_llm
+
+    cfg = ServeConfig(model=args.model, policy=args.policy, kv_budget=args.kv_budget, n_ctx=args.n_ctx,
+                      prefill=args.prefill, adapter=args.adapter, chat_format=args.chat_format,
+                      threads=args.threads, max_tokens=args.max_tokens)
+    llm = load_llm(cfg)
+    try:
+        prompt = (lambda: print("> ", end="", file=sys.stderr, flush=True)) if sys.stdin.isatty() else None
+        return run_chat(llm, sys.stdin, sys.stdout, cfg.max_tokens, args.system, prompt)
+    finally:
+        llm.close()
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -1,0 +1,305 @@
+"""``python -m sekv_gguf serve``: an OpenAI-compatible server over one ``SekvLlama`` (``/v1/models``,
+``/v1/completions``, ``/v1/chat/completions`` with SSE streaming), on llama-cpp-python's FastAPI server pieces
+(request types, auth, the request lock, tokenize routes, SSE publisher library).
+
+What it does beyond llama-cpp-python's own server: requests queue and are never cut (no ``interrupt_requests``); a
+``max_tokens`` cap for requests that omit it (``max_completion_tokens`` is read too); ``role: developer`` is a
+system message; a streamed chat ends with a usage chunk when ``stream_options.include_usage`` is set; usage carries
+``prompt_tokens_details.cached_tokens``; ``/v1/models`` gives the logical context length; bad requests (malformed
+JSON, wrong types, unsupported features, a base model asked to chat) get OpenAI-shaped 4xx errors, never a 500.
+Needs the ``serve`` extra (FastAPI, uvicorn, sse-starlette, starlette-context, pydantic-settings).
+"""
+
+
+import contextlib
+import json
+import re
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .config import BudgetConfig, SekvConfig
+from .errors import SekvError
+from .memory import MemoryConfig
+
+# llama-cpp-python's message for a prompt over the context (its server turns it into context_length_exceeded)
+CONTEXT_EXCEEDED = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
+DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens gets at most this many (never "until n_ctx")
+
+
+@dataclass
+class ServeConfig:
+    """What ``serve`` runs: model (default: SmolLM2-135M-Instruct), alias (default: the file's stem), policy,
+    kv_budget, n_ctx (logical; 0: the model's training context), prefill, adapter, chat_format (for a GGUF without
+    a chat template), host, port, api_key, max_tokens (cap for requests without one), threads, memories."""
+
+    model: str | None = None
+    alias: str | None = None
+    policy: str = "sekv"
+    kv_budget: float = BudgetConfig.kv_budget
+    n_ctx: int = 0
+    prefill: str = SekvConfig.prefill
+    adapter: str | None = None
+    chat_format: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    threads: int = 0
+    memories: int = MemoryConfig.memories
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1 or not 0 < self.port < 65536 or self.threads < 0 or self.memories < 1:
+            raise ValueError(f"need max_tokens >= 1, a port in 1..65535, threads >= 0, memories >= 1; got {self}")
+        BudgetConfig(kv_budget=self.kv_budget)  # validates
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ServeConfig":
+        """A JSON or YAML file of ``ServeConfig`` keys."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ValueError(f"cannot read the config file {p}: {e}") from None
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"{p}: expected a mapping of settings")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{p}: unknown settings {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+def load_llm(cfg: ServeConfig) -> Any:
+    """The ``SekvLlama`` the server runs."""
+    from .llm import SekvLlama
+    from .models import default_chat_model_path
+
+    path = cfg.model or str(default_chat_model_path())
+    return SekvLlama(path, policy=cfg.policy, kv_budget=cfg.kv_budget, n_ctx=cfg.n_ctx, prefill=cfg.prefill,
+                     adapter=cfg.adapter, chat_format=cfg.chat_format, n_threads=cfg.threads or None,
+                     memories=MemoryConfig(memories=cfg.memories))
+
+
+class _Proxy:
+    """What llama-cpp-python's routes expect as the model proxy: the one model, under its alias."""
+
+    def __init__(self, llm: Any, alias: str):
+        self.llm, self.alias = llm, alias
+
+    def __call__(self, model: str | None = None) -> Any:
+        return self.llm
+
+    def __iter__(self) -> Iterator[str]:
+        yield self.alias
+
+
+def _error(status: int, message: str, code: str | None = None, kind: str = "invalid_request_error") -> Any:
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
+
+
+def _normalise(body: dict, cap: int, chat: bool) -> tuple[dict, bool]:
+    """The request as llama-cpp-python's types take it, and whether a streamed reply ends with a usage chunk:
+    ``developer`` -> ``system`` (text parts joined), ``max_completion_tokens`` -> ``max_tokens``, the cap when a
+    chat names none, ``stream_options`` taken out."""
+    body = dict(body)
+    options = body.pop("stream_options", None) or {}
+    include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is not None:
+        body["max_tokens"] = body["max_completion_tokens"]
+    body.pop("max_completion_tokens", None)
+    if chat and body.get("max_tokens") is None:
+        body["max_tokens"] = cap
+    if chat and isinstance(body.get("messages"), list):
+        msgs = []
+        for m in body["messages"]:
+            if isinstance(m, dict) and m.get("role") in ("developer", "system"):
+                m = dict(m, role="system")
+                if isinstance(m.get("content"), list):  # [{"type": "text", "text": ...}, ...]
+                    m["content"] = "".join(p.get("text", "") for p in m["content"] if isinstance(p, dict))
+            msgs.append(m)
+        body["messages"] = msgs
+    return body, include_usage
+
+
+def create_app(llm: Any, cfg: ServeConfig) -> Any:
+    """The FastAPI app over ``llm``."""
+    import anyio
+    from fastapi import APIRouter, Depends, FastAPI, Request
+    from fastapi.middleware.cors import CORSMiddleware
+    from fastapi.routing import APIRoute
+    from pydantic import ValidationError
+    from sse_starlette.sse import EventSourceResponse
+    from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+    from starlette_context.middleware import RawContextMiddleware
+    from starlette_context.plugins import RequestIdPlugin
+
+    import llama_cpp
+    import llama_cpp.server.app as lapp
+    from llama_cpp.server.errors import ErrorResponseFormatters
+    from llama_cpp.server.settings import ServerSettings
+    from llama_cpp.server.types import CreateChatCompletionRequest, CreateCompletionRequest
+
+    alias = cfg.alias or llm.model_name
+    lapp.set_server_settings(ServerSettings(host=cfg.host, port=cfg.port, api_key=cfg.api_key,
+                                            interrupt_requests=False))
+    lapp._llama_proxy = _Proxy(llm, alias)
+
+    class Route(APIRoute):
+        """Every failure as an OpenAI-shaped error: 4xx for what the request asked, 500 only for a fault."""
+
+        def get_route_handler(self) -> Callable:
+            handler = super().get_route_handler()
+
+            async def route(request: Request) -> Any:
+                try:
+                    return await handler(request)
+                except lapp.HTTPException:
+                    raise
+                except Exception as e:  # noqa: BLE001 - mapped to a response below
+                    return _map_error(e, getattr(request.state, "sekv_body", None))
+
+            return route
+
+    def _map_error(e: Exception, body: Any) -> Any:
+        from fastapi.exceptions import RequestValidationError
+
+        if isinstance(e, (RequestValidationError, ValidationError)):
+            return _error(400, f"invalid request: {e}")
+        match = CONTEXT_EXCEEDED.search(str(e))
+        if match is not None and body is not None:
+            status, err = ErrorResponseFormatters.context_length_exceeded(body, match)
+            return _error(status, err["message"], err["code"])
+        if isinstance(e, (SekvError, ValueError, TypeError, NotImplementedError)):
+            return _error(400, str(e))
+        return _error(500, f"{type(e).__name__}: {e}", kind="internal_server_error")
+
+    router = APIRouter(route_class=Route)
+
+    async def parse(request: Request, model: type, chat: bool) -> tuple[Any, bool]:
+        try:
+            raw = await request.json()
+        except Exception:  # noqa: BLE001
+            raise ValueError("the request body is not valid JSON") from None
+        if not isinstance(raw, dict):
+            raise ValueError("the request body must be a JSON object")
+        data, include_usage = _normalise(raw, cfg.max_tokens, chat)
+        body = model(**data)
+        request.state.sekv_body = body
+        return body, include_usage
+
+    def call_kwargs(body: Any) -> dict:
+        kwargs = body.model_dump(exclude={"n", "best_of", "logit_bias_type", "user", "min_tokens"})
+        if getattr(body, "n", 1) not in (None, 1):
+            raise ValueError("n > 1 is not supported: one completion per request")
+        return kwargs
+
+    async def respond(request: Request, body: Any, call: Callable, include_usage: bool, chat: bool) -> Any:
+        kwargs = call_kwargs(body)
+        if kwargs.get("stream"):
+            send, recv = anyio.create_memory_object_stream(10)
+            return EventSourceResponse(recv, data_sender_callable=lambda: publish(request, send, body, call, kwargs,
+                                                                                  include_usage, chat),
+                                       sep="\n", ping_message_factory=lapp._ping_message_factory)
+        async with contextlib.asynccontextmanager(lapp.get_llama_proxy)() as proxy:
+            llama = lapp.prepare_request_resources(body, proxy, body.model, kwargs)
+            return await run_in_threadpool(call, llama, **kwargs)
+
+    async def publish(request: Request, send: Any, body: Any, call: Callable, kwargs: dict, include_usage: bool,
+                      chat: bool) -> None:
+        async with contextlib.asynccontextmanager(lapp.get_llama_proxy)() as proxy:
+            async with send:
+                try:
+                    llama = lapp.prepare_request_resources(body, proxy, body.model, kwargs)
+                    iterator = await run_in_threadpool(call, llama, **kwargs)
+                    last = None
+                    async for chunk in iterate_in_threadpool(iterator):
+                        last = chunk
+                        await send.send(dict(data=json.dumps(chunk)))
+                        if await request.is_disconnected():
+                            raise anyio.get_cancelled_exc_class()()
+                    if include_usage and last is not None:
+                        await send.send(dict(data=json.dumps(usage_chunk(llama, last, chat))))
+                    await send.send(dict(data="[DONE]"))
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except Exception as e:  # noqa: BLE001 - a stream cannot change its status: an error event
+                    resp = _map_error(e, body)
+                    await send.send(dict(data=resp.body.decode("utf-8")))
+                    await send.send(dict(data="[DONE]"))
+
+    def usage_chunk(llama: Any, last: dict, chat: bool) -> dict:
+        n_prompt = llama.counters["prompt_tokens"]
+        sampled = list(llama._sampled)
+        if sampled and llama_cpp.llama_vocab_is_eog(llama._model.vocab, sampled[-1]):
+            sampled = sampled[:-1]
+        return {"id": last.get("id"), "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": last.get("created"), "model": last.get("model"), "choices": [],
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(sampled),
+                          "total_tokens": n_prompt + len(sampled),
+                          "prompt_tokens_details": {"cached_tokens": llama.counters["cached_tokens"]}}}
+
+    @router.get("/v1/models", dependencies=[Depends(lapp.authenticate)])
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": alias, "object": "model", "created": int(time.time()), "owned_by": "sekv_gguf",
+            "context_length": llm.n_ctx(), "max_model_len": llm.n_ctx(),
+            "meta": {"policy": llm.policy_name, "device_cells": llm.n_cells(), "chat_format": llm.chat_format,
+                     "n_ctx_train": llm._model.n_ctx_train()}}]}
+
+    @router.post("/v1/chat/completions", dependencies=[Depends(lapp.authenticate)])
+    async def chat(request: Request) -> Any:
+        body, include_usage = await parse(request, CreateChatCompletionRequest, chat=True)
+        return await respond(request, body, llama_cpp.Llama.create_chat_completion, include_usage, True)
+
+    @router.post("/v1/completions", dependencies=[Depends(lapp.authenticate)])
+    async def completions(request: Request) -> Any:
+        body, include_usage = await parse(request, CreateCompletionRequest, chat=False)
+        if isinstance(body.prompt, list):
+            if len(body.prompt) > 1:
+                raise ValueError("one prompt per request")
+            body.prompt = body.prompt[0] if body.prompt else ""
+        return await respond(request, body, llama_cpp.Llama.__call__, include_usage, False)
+
+    @router.post("/v1/embeddings", dependencies=[Depends(lapp.authenticate)])
+    async def embeddings(request: Request) -> Any:
+        return _error(400, "embeddings are not served by sekv_gguf (its memory is a compressed KV cache)")
+
+    @router.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    from fastapi.middleware import Middleware
+
+    app = FastAPI(middleware=[Middleware(RawContextMiddleware, plugins=(RequestIdPlugin(),))], title="sekv_gguf",
+                  version="0.1.0")
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
+                       allow_headers=["*"])
+    app.include_router(router)  # ours first: they take precedence over llama-cpp-python's of the same path
+    app.include_router(lapp.router)  # /extras/tokenize, /extras/detokenize
+    return app
+
+
+def serve(cfg: ServeConfig, log: Callable[[str], None] | None = None) -> int:
+    """Load the model and serve until interrupted."""
+    import uvicorn
+
+    llm = load_llm(cfg)
+    app = create_app(llm, cfg)
+    if log:
+        log(f"serving {cfg.alias or llm.model_name} ({llm.policy_name}, {llm.n_cells()} device cells, logical "
+            f"context {llm.n_ctx()}) on http://{cfg.host}:{cfg.port}/v1")
+    try:
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+    finally:
+        llm.close()
+    return 0
