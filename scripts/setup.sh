@@ -52,7 +52,7 @@ KEY="$( { echo "$LLAMA_CPP_PYTHON_VERSION $LLAMA_CPP_PYTHON_SHA256"; cat "$ROOT"
 BUILD="$CACHE/llama/$KEY"
 
 # key of the whole set-up: native build + our package sources
-STAMP_KEY="$( { echo "$KEY"; cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/native/*; } | sha256sum | cut -c1-16)"
+STAMP_KEY="$( { echo "$KEY"; cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/pins.sh" "$ROOT"/native/*; } | sha256sum | cut -c1-16)"
 if [ -f "$VENV/.sekv-setup" ] && [ "$(cat "$VENV/.sekv-setup")" = "$STAMP_KEY" ]; then
     log "up to date (.venv, build $KEY)"
     exit 0

@@ -322,7 +322,8 @@ class SekvLlama(llama_cpp.Llama):
         if memories is not None:
             memories.close()
             self.memories = None
-        super().close()
+        if hasattr(self, "_stack"):  # a refused construction never reached Llama.__init__
+            super().close()
 
 
 class _KeptRows:

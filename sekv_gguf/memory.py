@@ -4,7 +4,7 @@ bounded), a checkpoint at the end of each prompt, and a small scratch context fo
 Desktop clients send every turn as the whole conversation; between turns they send short unrelated prompts (chat
 titles, tags, follow-up suggestions). ``select`` picks, for a new prompt, the memory that shares the longest prefix
 with it: the live one, a saved one (the live one is saved and the other restored), or — for a short prompt that
-shares little with every memory — the scratch context, so that the conversation is not wiped. ``truncate`` keeps a
+continues no memory — the scratch context, so that the conversation is not wiped. ``truncate`` keeps a
 prefix (the generation loop asks for it when a prompt diverges from the memory); a divergence at or before the end
 of the last prompt (regenerate, an edited reply) starts from that prompt's checkpoint.
 """
@@ -23,17 +23,18 @@ from .policies.snapshot import Snapshot
 @dataclass
 class MemoryConfig:
     """memories: conversation memories kept (the live one included); host_limit: most bytes the saved ones may
-    hold in host RAM (the oldest go first); scratch_tokens: a prompt of at most this many tokens (prompt + reply)
-    that shares less than ``scratch_share`` of itself with every memory runs in the scratch context."""
+    hold in host RAM (the oldest go first); share: a prompt continues a memory when their common prefix covers at
+    least this share of the memory; scratch_tokens: a prompt (plus its reply) of at most this many tokens that
+    continues no memory runs in the scratch context."""
 
     memories: int = 2
     host_limit: int = 4 << 30
-    scratch_tokens: int = 2048
-    scratch_share: float = 0.5
+    share: float = 0.5
+    scratch_tokens: int = 1024
 
     def __post_init__(self) -> None:
-        if self.memories < 1 or self.host_limit < 0 or self.scratch_tokens < 0 or not 0 <= self.scratch_share <= 1:
-            raise ValueError(f"need memories >= 1, host_limit >= 0, scratch_tokens >= 0, scratch_share in [0, 1]; "
+        if self.memories < 1 or self.host_limit < 0 or self.scratch_tokens < 0 or not 0 < self.share <= 1:
+            raise ValueError(f"need memories >= 1, host_limit >= 0, scratch_tokens >= 0, share in (0, 1]; "
                              f"got {self}")
 
 
@@ -67,16 +68,21 @@ class Memories:
         live = common_prefix(self.live.tokens, prompt)
         best = max(range(len(self.saved)), key=lambda i: common_prefix(self.saved[i].tokens, prompt), default=None)
         saved = common_prefix(self.saved[best].tokens, prompt) if best is not None else 0
-        little = max(live, saved) < cfg.scratch_share * len(prompt)  # shares little with every memory
+        continues_live = self.live.n_tokens > 0 and live >= cfg.share * self.live.n_tokens
+        continues_saved = best is not None and saved >= cfg.share * self.saved[best].n_tokens
+        little = not (continues_live or continues_saved)  # a side request or a new conversation
         fits_scratch = self.make_scratch is not None and len(prompt) + n_predict <= cfg.scratch_tokens
-        if little and fits_scratch and self.live.n_tokens > 0:
-            if self.scratch is None:
+        sc = self.scratch  # a side request that goes on (a new conversation) moves to the live memory
+        continues_scratch = (sc is not None and sc.n_tokens > 0
+                             and common_prefix(sc.tokens, prompt) >= cfg.share * sc.n_tokens)
+        if little and fits_scratch and self.live.n_tokens > 0 and not continues_scratch:
+            if sc is None:
                 self.scratch = self.make_scratch()
             self.counters["scratch_requests"] += 1
             self.active = self.scratch
             return self.active
         self.active = self.live
-        if little and self.live.n_tokens > 0:  # a new conversation: keep the old one among the saved
+        if little and self.live.n_tokens > 0:  # a new conversation (or a side request that went on): a fresh memory
             self._save_live()
             self.live.reset()
             self.checkpoint = None

@@ -278,6 +278,12 @@ def create_app(llm: Any, cfg: ServeConfig) -> Any:
     async def health() -> dict:
         return {"status": "ok"}
 
+    @router.get("/sekv/stats", dependencies=[Depends(lapp.authenticate)])
+    async def stats() -> dict:
+        """The memory: device and host bytes, tokens, spans, and what the last request evaluated and reused."""
+        async with contextlib.asynccontextmanager(lapp.get_llama_proxy)() as proxy:
+            return proxy().stats()
+
     from fastapi.middleware import Middleware
 
     app = FastAPI(middleware=[Middleware(RawContextMiddleware, plugins=(RequestIdPlugin(),))], title="sekv_gguf",

@@ -1,0 +1,87 @@
+"""``SekvLlama`` (a ``llama_cpp.Llama``) on SmolLM2-135M-Instruct: exact with the full policy, a memory that
+survives turns, refusals, the logical context."""
+
+from __future__ import annotations
+
+import llama_cpp
+import pytest
+
+from conftest import prose
+from sekv_gguf.llm import SekvLlama, UnsupportedError
+from sekv_gguf.models import default_chat_model_path
+
+
+@pytest.fixture(scope="module")
+def smol() -> str:
+    return str(default_chat_model_path())
+
+
+def test_full_policy_generates_exactly_what_stock_llama_does(smol):
+    text = prose(3000, 100)
+    stock = llama_cpp.Llama(smol, n_ctx=2048, flash_attn=True, verbose=False)
+    want = stock.create_completion(text, temperature=0, max_tokens=40)["choices"][0]["text"]
+    chat_want = stock.create_chat_completion([{"role": "user", "content": "Name a planet."}], temperature=0,
+                                             max_tokens=16)["choices"][0]["message"]["content"]
+    stock.close()
+    llm = SekvLlama(smol, policy="full", n_ctx=2048)
+    try:
+        assert llm.create_completion(text, temperature=0, max_tokens=40)["choices"][0]["text"] == want
+        got = llm.create_chat_completion([{"role": "user", "content": "Name a planet."}], temperature=0,
+                                         max_tokens=16)["choices"][0]["message"]["content"]
+        assert got == chat_want
+    finally:
+        llm.close()
+
+
+def test_turns_evaluate_only_their_new_tokens_and_long_prompts_exceed_the_cells(smol):
+    llm = SekvLlama(smol, kv_budget=512, n_ctx=4096)
+    try:
+        msgs = [{"role": "user", "content": f"{prose(4000, 50)}\n\nSummarise the text in one sentence."}]
+        r1 = llm.create_chat_completion(msgs, temperature=0, max_tokens=16)
+        assert r1["usage"]["prompt_tokens"] > llm.n_cells()  # more prompt tokens than device cells
+        assert llm.counters["evaluated_tokens"] == r1["usage"]["prompt_tokens"]
+        msgs += [r1["choices"][0]["message"], {"role": "user", "content": "Shorter."}]
+        r2 = llm.create_chat_completion(msgs, temperature=0, max_tokens=8)
+        new = r2["usage"]["prompt_tokens"] - r1["usage"]["prompt_tokens"]
+        assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"]
+        assert llm.counters["evaluated_tokens"] <= new
+        assert llm.stats()["sekv"]["spans"] > 0
+        with pytest.raises(ValueError, match="exceed context window of 4096"):
+            llm.create_completion("word " * 5000, max_tokens=4)
+    finally:
+        llm.close()
+
+
+def test_streaming_logprobs_and_grammar_work(smol):
+    llm = SekvLlama(smol, kv_budget=512, n_ctx=2048)
+    try:
+        msgs = [{"role": "user", "content": "Say hi."}]
+        r = llm.create_chat_completion(msgs, temperature=0, max_tokens=6, logprobs=True, top_logprobs=2)
+        content = r["choices"][0]["logprobs"]["content"]
+        assert content and all(c["logprob"] <= 0 for c in content)
+        chunks = list(llm.create_completion("One, two,", max_tokens=5, temperature=0, stream=True, logprobs=1))
+        assert all(c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["text"])
+        g = llama_cpp.LlamaGrammar.from_string('root ::= "yes" | "no"')
+        assert llm.create_completion("Is water wet? Answer:", grammar=g, max_tokens=4)["choices"][0]["text"] in (
+            "yes", "no")
+        with pytest.raises(UnsupportedError, match="prompt logprobs"):
+            llm.create_completion("hi", echo=True, logprobs=1, max_tokens=2)
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("kwargs, what", [({"logits_all": True}, "logits_all"), ({"embedding": True}, "embedding"),
+                                          ({"lora_path": "x.gguf"}, "LoRA"), ({"type_k": 8}, "quantized")])
+def test_what_a_compressed_memory_cannot_hold_is_refused(smol, kwargs, what):
+    with pytest.raises(UnsupportedError, match=what):
+        SekvLlama(smol, **kwargs)
+
+
+def test_state_and_cache_apis_are_refused(smol):
+    llm = SekvLlama(smol, kv_budget=512, n_ctx=1024)
+    try:
+        for call in (llm.save_state, lambda: llm.set_cache(llama_cpp.LlamaRAMCache()), lambda: llm.embed("x")):
+            with pytest.raises(UnsupportedError):
+                call()
+    finally:
+        llm.close()
