@@ -204,7 +204,14 @@ class SekvLlama(llama_cpp.Llama):
         self._sampled = []
         self.counters["requests"] += 1
         self.counters["prompt_tokens"] = len(tokens)
-        return (yield from super().generate(tokens, *args, **kwargs))
+        try:
+            return (yield from super().generate(tokens, *args, **kwargs))
+        finally:
+            if self.memories.active is not self.memories.live:  # a side request's context goes back
+                self.memories.end_request()
+                self.n_tokens = self.memories.live.n_tokens
+                self.input_ids[:self.n_tokens] = self.memories.live.tokens
+                self._requires_eval = True
 
     def reset(self) -> None:
         super().reset()

@@ -56,7 +56,8 @@ class Memories:
         self.config = config or MemoryConfig()
         self.live = make_live()
         self.make_scratch = make_scratch
-        self.scratch: Policy | None = None
+        self.scratch: Policy | None = None  # exists only while it serves a request (``end_request``)
+        self.scratch_tokens: list[int] = []  # what the last side request held
         self.active: Policy = self.live
         self.saved: list[Snapshot] = []  # least recently used first
         self.checkpoint: Snapshot | None = None
@@ -72,11 +73,10 @@ class Memories:
         continues_saved = best is not None and saved >= cfg.share * self.saved[best].n_tokens
         little = not (continues_live or continues_saved)  # a side request or a new conversation
         fits_scratch = self.make_scratch is not None and len(prompt) + n_predict <= cfg.scratch_tokens
-        sc = self.scratch  # a side request that goes on (a new conversation) moves to the live memory
-        continues_scratch = (sc is not None and sc.n_tokens > 0
-                             and common_prefix(sc.tokens, prompt) >= cfg.share * sc.n_tokens)
+        seen = self.scratch_tokens  # a side request that goes on (a new conversation) moves to the live memory
+        continues_scratch = bool(seen) and common_prefix(seen, prompt) >= cfg.share * len(seen)
         if little and fits_scratch and self.live.n_tokens > 0 and not continues_scratch:
-            if sc is None:
+            if self.scratch is None:
                 self.scratch = self.make_scratch()
             self.counters["scratch_requests"] += 1
             self.active = self.scratch
@@ -102,6 +102,14 @@ class Memories:
                 self.saved and self.host_bytes > self.config.host_limit):
             self.saved.pop(0)
             self.counters["evicted"] += 1
+
+    def end_request(self) -> None:
+        """A request is done: the scratch context's cells go back (its tokens are remembered)."""
+        if self.scratch is not None and self.active is self.scratch:
+            self.scratch_tokens = list(self.scratch.tokens)
+            self.scratch.close()
+            self.scratch = None
+            self.active = self.live
 
     def mark_prompt(self) -> None:
         """The prompt is in the active memory: checkpoint it (the live memory only)."""
