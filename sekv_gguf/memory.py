@@ -66,6 +66,7 @@ class Memories:
     def select(self, prompt: Sequence[int], n_predict: int) -> Policy:
         """Make the memory that best serves ``prompt`` (plus ``n_predict`` new tokens) active; returns it."""
         cfg = self.config
+        self.live.before_irreversible = None  # a checkpoint still waiting belongs to the previous request
         live = common_prefix(self.live.tokens, prompt)
         best = max(range(len(self.saved)), key=lambda i: common_prefix(self.saved[i].tokens, prompt), default=None)
         saved = common_prefix(self.saved[best].tokens, prompt) if best is not None else 0
@@ -112,9 +113,17 @@ class Memories:
             self.active = self.live
 
     def mark_prompt(self) -> None:
-        """The prompt is in the active memory: checkpoint it (the live memory only)."""
-        if self.active is self.live:
+        """The prompt is in the active memory (the live one): checkpoint it — taken when generation first changes
+        the memory beyond what a cut of the window undoes (compression, a new routing), so a short reply costs no
+        copy and the first token comes sooner."""
+        if self.active is not self.live:
+            return
+        self.checkpoint = None
+
+        def take() -> None:
             self.checkpoint = self.live.snapshot()
+
+        self.live.before_irreversible = take
 
     def truncate(self, n: int) -> bool:
         """Keep the first ``n`` tokens of the active memory (from the prompt checkpoint when the cut is at or

@@ -22,7 +22,8 @@ from ..session import Session
 from .snapshot import DeviceState, Snapshot
 
 # attributes that are a policy's fixed parts, not its memory: shared by every snapshot, never copied
-SHARED_ATTRS = ("session", "observer", "model", "ctx_config", "router", "config", "params", "plan", "hook")
+SHARED_ATTRS = ("session", "observer", "model", "ctx_config", "router", "config", "params", "plan", "hook",
+                "before_irreversible")
 
 
 class Policy(ABC):
@@ -42,6 +43,8 @@ class Policy(ABC):
         self.phase = "prefill"  # what the policy is doing when it notifies: prefill, compress, decode
         self.n_prefilled = 0    # tokens of the current append through the model so far
         self.tokens: list[int] = []  # every token of the memory, in position order
+        # called once before the memory next changes in a way ``truncate`` cannot undo (a checkpoint is due)
+        self.before_irreversible: Callable[[], None] | None = None
 
     def _init_done(self) -> None:
         """Called at the end of a constructor: the empty memory that ``reset`` returns to."""
@@ -74,10 +77,16 @@ class Policy(ABC):
 
     def step(self, token: int) -> np.ndarray:
         """Decode one generated token after the newest; logits of the next one."""
-        logits = self._step(int(token))
         self.tokens.append(int(token))
+        logits = self._step(int(token))
         self.notify()
         return logits
+
+    def irreversible(self) -> None:
+        """About to change the memory beyond what ``truncate`` undoes: run (once) what waits for that."""
+        callback, self.before_irreversible = self.before_irreversible, None
+        if callback is not None:
+            callback()
 
     def truncate(self, n: int) -> bool:
         """Keep the first ``n`` tokens; False when this memory cannot drop what follows them (nothing changed)."""

@@ -82,6 +82,7 @@ class EvictionPolicy(StreamedPolicy):
         candidates = np.arange(self.n_sink, self.pos.size - 1)  # not the sinks, not the newest token
         if candidates.size < k:
             raise BudgetError(f"cannot free {k} cells of {self.budget}: only {candidates.size} are evictable")
+        self.irreversible()  # evicted tokens are gone for good
         out = np.sort(np.asarray(self.victims(k, candidates), dtype=np.int64))
         if out.size != k or np.setdiff1d(out, candidates).size:
             raise AssertionError(f"{self.name}: victims {out[:8]} are not {k} evictable tokens")

@@ -128,8 +128,9 @@ class SekvPolicy(Policy):
             self.n_prefilled = c0 + len(chunk)
             self.notify()
         if len(self.store):
+            changes = self.zoom.changes
             self.route()
-            if self.config.zoom_lag_refresh:
+            if self.config.zoom_lag_refresh and self.zoom.changes != changes:  # the tail saw other spans
                 logits = refresh_tail(self, tokens)
         return logits
 
@@ -138,6 +139,7 @@ class SekvPolicy(Policy):
         self.steps += 1
         self._maintain()
         if len(self.store) and self.steps % self.config.route_every == 0:
+            self.irreversible()
             self.route()
         return logits
 
@@ -160,6 +162,7 @@ class SekvPolicy(Policy):
         over = len(self.window) - self.plan.window
         if self.plan.fits or over <= 0:
             return
+        self.irreversible()
         t0 = time.perf_counter()
         w = self.window
         seg = self.segmenter.cut(w.signal[:over])

@@ -99,6 +99,7 @@ class SemantiCachePolicy(StreamedPolicy):
         if not groups:
             return
         done = int(groups[-1][-1]) + 1  # window indices [0, done) are merged
+        self.irreversible()  # a merge is final
         self._merge(groups)
         self.window.drop_oldest(done)
 

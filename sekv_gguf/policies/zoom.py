@@ -26,6 +26,7 @@ class ZoomSlots:
         self.last_use: list[dict[int, int]] = [{} for _ in range(n_layer)]
         self.zooms = 0         # spans rebuilt into slots
         self.rebuilt_rows = 0  # token rows rebuilt
+        self.changes = 0       # spans zoomed in or out (a routing that changes nothing leaves it)
 
     def claim(self, cells: np.ndarray) -> None:
         """Take ``cells`` (free cells of the budget) as the slots, masked in every layer until used."""
@@ -69,6 +70,7 @@ class ZoomSlots:
             idx = resident.pop(sid)
             del last_use[sid]
             taken[idx] = False
+            self.changes += 1
             hook.set_bias_cells(ikv, self.slots[idx], NEG_INF)
             if spans[sid].summary_cell >= 0:
                 hook.set_bias_cells(ikv, [spans[sid].summary_cell], math.log(spans[sid].length))
@@ -89,4 +91,5 @@ class ZoomSlots:
             resident[sid] = idx
             last_use[sid] = step
             self.zooms += 1
+            self.changes += 1
             self.rebuilt_rows += span.length
