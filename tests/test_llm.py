@@ -85,3 +85,25 @@ def test_state_and_cache_apis_are_refused(smol):
                 call()
     finally:
         llm.close()
+
+
+def test_two_conversations_in_turn_each_find_their_memory(smol):
+    """With two memories a client switching between two long conversations re-evaluates only each turn's new
+    tokens: the live memory is saved, the other restored."""
+    llm = SekvLlama(smol, kv_budget=512, n_ctx=4096)
+    try:
+        a = [{"role": "user", "content": f"{prose(5000, 0)}\n\nWhat is this about?"}]
+        b = [{"role": "user", "content": f"{prose(5000, 30000)}\n\nWhat is this about?"}]
+        ra = llm.create_chat_completion(a, temperature=0, max_tokens=8)
+        rb = llm.create_chat_completion(b, temperature=0, max_tokens=8)
+        assert rb["usage"]["prompt_tokens_details"]["cached_tokens"] < 50  # a new conversation
+        a += [ra["choices"][0]["message"], {"role": "user", "content": "Shorter."}]
+        ra2 = llm.create_chat_completion(a, temperature=0, max_tokens=8)
+        assert ra2["usage"]["prompt_tokens_details"]["cached_tokens"] >= ra["usage"]["prompt_tokens"]
+        b += [rb["choices"][0]["message"], {"role": "user", "content": "Shorter."}]
+        rb2 = llm.create_chat_completion(b, temperature=0, max_tokens=8)
+        assert rb2["usage"]["prompt_tokens_details"]["cached_tokens"] >= rb["usage"]["prompt_tokens"]
+        s = llm.stats()
+        assert s["switches"] == 2 and s["saved_memories"] == 1 and s["host_bytes"] > 0
+    finally:
+        llm.close()
