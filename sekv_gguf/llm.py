@@ -111,6 +111,7 @@ class SekvLlama(llama_cpp.Llama):
             raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
         if adapter is not None and policy != "sekv":
             raise ValueError(f"adapter is a router for the sekv policy, not for {policy}")
+        kwargs.pop("n_ubatch", None)  # the policy's context decodes in batches of n_batch
         super().__init__(model_path, n_ctx=THROWAWAY_CELLS, n_batch=min(n_batch, THROWAWAY_CELLS),
                          n_ubatch=min(n_batch, THROWAWAY_CELLS), n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                          flash_attn=flash_attn, chat_handler=chat_handler, chat_format=chat_format,
