@@ -1,4 +1,5 @@
-"""A 10-turn conversation over a ~6K-token document, served by ``python -m sekv_gguf serve`` (SeKV at 25%) and by
+"""A 10-turn conversation over a ~6K-token document, served by ``python -m sekv_gguf serve`` (SeKV at 25% of an
+8K logical context, the stock server's n_ctx) and by
 llama-cpp-python's own server (``python -m llama_cpp.server``, same model, flash attention, ``logits_all`` off), one
 server at a time, each in a fresh process: time to first token and prompt tokens evaluated per turn, with and
 without a title request between turns (as Open WebUI sends them), and device KV bytes. Then a soak of the SeKV
@@ -45,7 +46,8 @@ class Server:
     def __init__(self, kind: str, model: str, chat_format: str | None, threads: int, log: Path):
         self.port, self.kind, self.log = _port(), kind, log
         if kind == "sekv":
-            cmd = [sys.executable, "-m", "sekv_gguf", "serve", model, "--kv-budget", "0.25", "--max-tokens", "48"]
+            cmd = [sys.executable, "-m", "sekv_gguf", "serve", model, "--kv-budget", "0.25", "--n-ctx", "8192",
+                   "--max-tokens", "48"]
             cmd += ["--threads", str(threads)] if threads else []
             cmd += ["--chat-format", chat_format] if chat_format else []
         else:

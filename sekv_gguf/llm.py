@@ -112,6 +112,7 @@ class SekvLlama(llama_cpp.Llama):
         if adapter is not None and policy != "sekv":
             raise ValueError(f"adapter is a router for the sekv policy, not for {policy}")
         kwargs.pop("n_ubatch", None)  # the policy's context decodes in batches of n_batch
+        kwargs.setdefault("swa_full", False)  # the throwaway context stays small (and quiet) on iSWA models
         super().__init__(model_path, n_ctx=THROWAWAY_CELLS, n_batch=min(n_batch, THROWAWAY_CELLS),
                          n_ubatch=min(n_batch, THROWAWAY_CELLS), n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                          flash_attn=flash_attn, chat_handler=chat_handler, chat_format=chat_format,
