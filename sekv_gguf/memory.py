@@ -145,9 +145,10 @@ class Memories:
 
     @property
     def host_bytes(self) -> int:
-        """Bytes held in host RAM: the saved memories, the checkpoint and the live memory's spans."""
-        snaps = self.saved + ([self.checkpoint] if self.checkpoint is not None else [])
-        return int(sum(s.host_bytes for s in snaps) + self.live.host_bytes)
+        """Bytes held in host RAM: the live memory's spans, the checkpoint's device copy (its spans are the live
+        memory's) and the saved memories (device copy and spans)."""
+        cp = self.checkpoint.device.nbytes if self.checkpoint is not None else 0
+        return int(self.live.host_bytes + cp + sum(s.host_bytes for s in self.saved))
 
     def close(self) -> None:
         self.saved.clear()
