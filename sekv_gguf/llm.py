@@ -14,7 +14,6 @@ with ``logprobs``), quantized K/V cache types.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Generator, Iterator, Sequence
 
@@ -272,7 +271,7 @@ class SekvLlama(llama_cpp.Llama):
             row = self._rows.get(n_prompt + i - 1)
             if row is None:
                 break
-            lp = row.astype(np.float64) - (row.max() + math.log(np.exp(row - row.max()).sum()))
+            lp = llama_cpp.Llama.logits_to_logprobs(row.astype(np.float64))
             piece = self.detokenize([t], prev_tokens=toks[:i]).decode("utf-8", errors="ignore")
             best = np.argsort(-lp)[:top]
             out["tokens"].append(piece)

@@ -68,8 +68,9 @@ class Memories:
         cfg = self.config
         self.live.before_irreversible = None  # a checkpoint still waiting belongs to the previous request
         live = common_prefix(self.live.tokens, prompt)
-        best = max(range(len(self.saved)), key=lambda i: common_prefix(self.saved[i].tokens, prompt), default=None)
-        saved = common_prefix(self.saved[best].tokens, prompt) if best is not None else 0
+        shared = [common_prefix(s.tokens, prompt) for s in self.saved]
+        best = max(range(len(shared)), key=shared.__getitem__, default=None)
+        saved = shared[best] if best is not None else 0
         continues_live = self.live.n_tokens > 0 and live >= cfg.share * self.live.n_tokens
         continues_saved = best is not None and saved >= cfg.share * self.saved[best].n_tokens
         little = not (continues_live or continues_saved)  # a side request or a new conversation

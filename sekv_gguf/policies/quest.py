@@ -44,14 +44,10 @@ class QuestPolicy(SekvPolicy):
     name = "quest"
     Params = QuestConfig
     routes = False
+    stats_key = "baseline"  # reported as a baseline, not as SeKV
 
     def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,
                  params: QuestConfig | None = None, observer: Callable[[Policy], None] | None = None):
         params = params or QuestConfig()
         super().__init__(model, n_context, ctx_config, budget, params.engine(), BoundRouter(), observer,
                          segmenter=BlockSegmenter(params.block), summary_rows=False)
-
-    def stats(self) -> dict[str, Any]:
-        out = super().stats()
-        out["baseline"] = out.pop("sekv")
-        return out

@@ -44,6 +44,7 @@ class SekvPolicy(Policy):
     name = "sekv"
     Params = SekvConfig
     routes = True
+    stats_key = "sekv"  # the key of the policy's own statistics in ``stats``
 
     def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,
                  params: SekvConfig | None = None, router: Router | None = None,
@@ -224,7 +225,7 @@ class SekvPolicy(Policy):
         calls = max(self.counters["route_calls"], 1)
         out.update({
             "host_kv_bytes": self.store.host_bytes,
-            "sekv": {
+            self.stats_key: {
                 "router": self.router.label,
                 "router_score": self.router.name,
                 "budget_cells": self.plan.cells,

@@ -42,14 +42,10 @@ class SentenceKVPolicy(SekvPolicy):
     name = "sentencekv"
     Params = SentenceKVConfig
     routes = False
+    stats_key = "baseline"  # reported as a baseline, not as SeKV
 
     def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,
                  params: SentenceKVConfig | None = None, observer: Callable[[Policy], None] | None = None):
         params = params or SentenceKVConfig()
         super().__init__(model, n_context, ctx_config, budget, params.engine(), CentroidRouter(), observer,
                          segmenter=SentenceSegmenter(params.span_max), summary_rows=False)
-
-    def stats(self) -> dict[str, Any]:
-        out = super().stats()
-        out["baseline"] = out.pop("sekv")
-        return out
