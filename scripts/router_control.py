@@ -17,7 +17,7 @@ from sekv_gguf.config import ContextConfig, SekvConfig
 from sekv_gguf.eval.suite import EvalConfig, run_suite
 from sekv_gguf.models import default_model_path
 from sekv_gguf.provenance import commit, machine
-from sekv_gguf.router import SummaryRouter, verify
+from sekv_gguf.router import Ranking, Resident, SummaryRouter, verify
 from sekv_gguf.session import load_model
 from sekv_gguf.span_store import SpanStore
 
@@ -31,8 +31,11 @@ class VerifiedSummaryRouter(SummaryRouter):
         self.candidates = candidates
 
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
+        return self.rank(ikv, query, store).scores
+
+    def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None) -> Ranking:
         proposed = super().score(ikv, query, store)  # [n_spans]
-        return verify(ikv, query, store, proposed, self.candidates)
+        return verify(ikv, query, store, proposed, self.candidates, resident)
 
 
 def main() -> int:

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType
 KV_TYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16}
 
 # the training-free span scores of ``sekv_gguf.router.ROUTERS``
-TRAINING_FREE_SCORES = ("mass", "summary", "centroid", "bound")
+TRAINING_FREE_SCORES = ("index", "mass", "summary", "centroid", "bound")
 
 CELL_GRANULARITY = 256  # llama.cpp allocates KV cells in multiples of this
 
@@ -137,11 +137,15 @@ class SekvConfig:
         when that rank exceeds ``r_max`` or its fp16 factors would not be smaller than the raw rows, the raw rows
         are kept instead, so the relative reconstruction error never exceeds sqrt(1 - energy).
     r_max: largest rank stored.
-    router: the training-free score when no trained router is given: "mass" (each span's attention mass
-        logsumexp_t q·k_t from its host factors), "summary" (the summary row's logit q·k̄ + log|S|), "centroid"
-        (q·k̄) or "bound" (Quest's channel-wise bound); see ``sekv_gguf.router``. A trained router (``TrainedRouter.from_file``) replaces it.
-    verify_candidates: with a trained router, the spans it ranks first per layer whose exact attention mass (from
-        the host factors) then orders them; 0: the trained score alone.
+    router: the training-free score when no trained router is given: "index" (two-stage: the block index
+        proposes, the resident spans and ``verify_candidates`` others are ordered by exact mass; bounded reads),
+        "mass" (each span's attention mass logsumexp_t q·k_t from its host factors: reads every host row),
+        "summary" (the summary row's logit q·k̄ + log|S|), "centroid" (q·k̄) or "bound" (Quest's channel-wise
+        bound); see ``sekv_gguf.router``. A trained router (``TrainedRouter.from_file``) replaces it.
+    verify_candidates: for the two-stage routers (index, trained), the non-resident spans they propose first per
+        layer whose exact attention mass (from the host factors) then orders them with the resident ones;
+        0: the proposal alone.
+    block_tokens: tokens per block of the routing index (one mean key per block, span, layer and KV head).
     prefill: "streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size
         context, then compression), or "auto" (streaming; a prompt that fits the budget is full KV anyway).
     route_every: decode steps between routings (1: every step); zoomed spans stay resident between.
@@ -149,6 +153,9 @@ class SekvConfig:
         bounds the host->device traffic of a step, the zoom cache keeps what is already resident.
     zoom_lag_refresh: re-decode the last ``refresh_tokens`` prompt tokens after the first routing, so the end of the
         prompt (typically the question) and the first generated token see the zoomed spans, not only summaries.
+    elastic_window: give the recent window every cell that sinks, anchors, summary rows and the zoom slots do not
+        hold (less the next decode's tokens and a span's worth of pending tokens); it shrinks back as spans
+        arrive, never below the budget's fixed window. Off: the window is the budget's fixed window.
     compress_when_fits: compress even when prompt + generation fit the budget (for exactness checks and studies;
         by default such a run is plain full KV).
     """
@@ -161,12 +168,14 @@ class SekvConfig:
     energy: float = 0.999
     r_max: int = 64
     prefill: str = "auto"
-    router: str = "mass"
-    verify_candidates: int = 24
+    router: str = "index"
+    verify_candidates: int = 16
+    block_tokens: int = 16
     route_every: int = 4
     max_new_zooms: int = 2
     zoom_lag_refresh: bool = True
     refresh_tokens: int = 32
+    elastic_window: bool = True
     compress_when_fits: bool = False
 
     def __post_init__(self) -> None:
@@ -182,6 +191,8 @@ class SekvConfig:
             raise ValueError(f"refresh_tokens must be >= 1, got {self.refresh_tokens}")
         if self.route_every < 1 or self.max_new_zooms < 1:
             raise ValueError(f"route_every and max_new_zooms must be >= 1, got {self.route_every}, {self.max_new_zooms}")
+        if self.block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {self.block_tokens}")
         if self.r_max < 1:
             raise ValueError(f"r_max must be >= 1, got {self.r_max}")
         if self.verify_candidates < 0:

@@ -4,15 +4,23 @@ A router is a stateless function of ``(layer, query, store)``: it may hold fixed
 weights, a candidate count) but never span data, so one instance can serve any number of policies. The query
 comes from the hook (the last decoded token's, scaled so that q · k is the attention logit). ``ROUTERS`` maps the
 training-free scores' names to their classes; ``TrainedRouter`` scores with a GGUF adapter.
+
+Reads. ``rank`` also says what a routing call read: host K rows (the host tier, behind PCIe on a GPU machine) and
+device K rows (resident spans judged from their rebuilt rows). ``mass`` reads every host row of the context;
+the two-stage routers (``index``, ``trained``) scan the store's compact per-span index (O(spans), never O(tokens))
+and verify a bounded candidate set by exact mass: the resident spans from the device, at most ``candidates``
+others from the host (``verify``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+from scipy.special import logsumexp
 
 from . import native
 from .config import SekvConfig
@@ -24,16 +32,40 @@ if TYPE_CHECKING:
     from .adapter import RouterAdapter
 
 
+@dataclass
+class Ranking:
+    """What one routing call of one layer decided and read."""
+
+    scores: np.ndarray    # [n_spans] higher = zoom first
+    host_rows: int = 0    # host K rows read (token rows of the host tier)
+    device_rows: int = 0  # device K rows read (resident spans' rebuilt rows)
+
+
+class Resident(Protocol):
+    """The spans a layer holds rebuilt on the device (``ZoomSlots``)."""
+
+    capacity: int  # token rows the zoom slots hold per layer
+
+    def keys(self, ikv: int) -> dict[int, np.ndarray]:
+        """span id -> its rebuilt K rows f16 [L, Hkv, d] read from the device cells, for layer ``ikv``."""
+        ...
+
+
 class Router(ABC):
     """Scores [n_spans] for one hooked layer: higher = zoom first."""
 
     name: str = "router"  # the score's name (key in ``ROUTERS``)
     label: str = "training-free"  # what a run reports as its router
     sketch: SketchShape | None = None  # the key sketches the router reads (None: it reads none)
+    reads_all_host_rows = False  # the score reads every host K row of the store
 
     @abstractmethod
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         """query f32 [n_head, d] -> scores [n_spans] of the store's spans in layer ``ikv``."""
+
+    def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None) -> Ranking:
+        """``score`` with what it read; two-stage routers also judge the ``resident`` spans from the device."""
+        return Ranking(self.score(ikv, query, store), host_rows=store.span_tokens if self.reads_all_host_rows else 0)
 
 
 def _grouped(query: np.ndarray, n_head_kv: int) -> np.ndarray:
@@ -68,25 +100,74 @@ class LowRankMassRouter(Router):
     pointer table of the spans' f16 host rows (``native.SpanTable``)."""
 
     name = "mass"
+    reads_all_host_rows = True
 
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         return native.span_mass(query, store.tables[ikv]).max(axis=1)  # [S, n_head] -> [S]
 
 
-def verify(ikv: int, query: np.ndarray, store: SpanStore, proposed: np.ndarray, candidates: int) -> np.ndarray:
-    """Scores [n_spans] that put the ``candidates`` best spans of another score ``proposed`` first, ordered by their
-    exact mass (``LowRankMassRouter``, computed for those spans only), then the rest in proposed order;
-    ``proposed`` itself when ``candidates`` is 0 or covers every span."""
+def verify(ikv: int, query: np.ndarray, store: SpanStore, proposed: np.ndarray, candidates: int,
+           resident: Resident | None = None) -> Ranking:
+    """Stage 2 of a two-stage router: the spans a layer holds on the device (exact mass from their rebuilt rows,
+    no host read) and the ``candidates`` best others of the proposal ``proposed`` [n_spans] (exact mass from
+    their host factors, ``LowRankMassRouter``'s kernel on that subset) come first, ordered by exact mass; then the
+    rest in proposed order. When the layer holds nothing yet (the first routing), as many more proposals as fill
+    the zoom slots are verified too, since they are about to be read for the zoom anyway. ``proposed`` itself when
+    ``candidates`` is 0 or nothing is left to verify."""
     n = len(store)
-    if not 0 < candidates < n:
-        return proposed
+    if candidates <= 0 or n == 0:
+        return Ranking(proposed)
+    held = resident.keys(ikv) if resident is not None else {}
     order = np.argsort(-proposed, kind="stable")
-    cand = order[:candidates]
-    mass = native.span_mass(query, store.tables[ikv], cand).max(axis=1)  # [candidates]
-    ranked = np.concatenate([cand[np.argsort(-mass, kind="stable")], order[candidates:]])
+    n_host = candidates
+    if not held and resident is not None:
+        n_host += int((np.cumsum(store.lengths[order]) <= resident.capacity).sum())
+    host = order[~np.isin(order, list(held))][:n_host]                # [<= n_host] span ids
+    ids = np.concatenate([np.fromiter(held, dtype=np.int64, count=len(held)), host]).astype(np.int64)
+    mass = np.empty(ids.size)                                          # [len(held) + len(host)]
+    if held:
+        table = native.SpanTable(store.n_head_kv, store.head_dim)
+        for rows in held.values():
+            table.append(rows.shape[0], rows, None, None)
+        mass[:len(held)] = native.span_mass(query, table).max(axis=1)
+    if host.size:
+        mass[len(held):] = native.span_mass(query, store.tables[ikv], host).max(axis=1)
+    first = ids[np.argsort(-mass, kind="stable")]
+    ranked = np.concatenate([first, order[~np.isin(order, first)]])
     out = np.empty(n)
     out[ranked] = -np.arange(n, dtype=np.float64)  # [n_spans] rank as score
-    return out
+    return Ranking(out, host_rows=int(store.lengths[host].sum()),
+                   device_rows=int(sum(r.shape[0] for r in held.values())))
+
+
+class IndexRouter(Router):
+    """Two-stage routing with bounded reads (the default). Stage 1 scans the store's index — per span, layer and
+    KV head the mean key of each ~``block_tokens`` block — and estimates the span's log attention mass as
+    ``max over query heads of logsumexp_b (q·k̄_b + log n_b)`` (the summary row's estimator at block resolution):
+    O(spans × blocks), no host read. Stage 2 (``verify``) orders the resident spans and the ``candidates`` best
+    others by exact mass."""
+
+    name = "index"
+
+    def __init__(self, candidates: int = SekvConfig.verify_candidates):
+        if candidates < 0:
+            raise ValueError(f"candidates must be >= 0, got {candidates}")
+        self.candidates = candidates
+
+    def propose(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
+        """Stage-1 scores [n_spans] from the block index."""
+        blocks = store.blocks[ikv]                                        # [S, B, Hkv, d]
+        q = _grouped(query, blocks.shape[2])                              # [Hkv, G, d]
+        logits = np.einsum("sbhd,hgd->sbhg", blocks, q)                   # [S, B, Hkv, G]
+        logits += store.block_logn[:, :, None, None]                      # + log n_b (-inf: padding)
+        lse = logsumexp(logits, axis=1)                                   # [S, Hkv, G]
+        return lse.reshape(lse.shape[0], -1).max(axis=1)                  # [S]
+
+    def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
+        return self.rank(ikv, query, store).scores
+
+    def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None) -> Ranking:
+        return verify(ikv, query, store, self.propose(ikv, query, store), self.candidates, resident)
 
 
 class BoundRouter(Router):
@@ -104,7 +185,14 @@ class BoundRouter(Router):
 
 
 ROUTERS: dict[str, type[Router]] = {
-    cls.name: cls for cls in (SummaryRouter, CentroidRouter, LowRankMassRouter, BoundRouter)}
+    cls.name: cls for cls in (IndexRouter, SummaryRouter, CentroidRouter, LowRankMassRouter, BoundRouter)}
+
+
+def training_free(config: SekvConfig) -> Router:
+    """The training-free router ``config.router`` names (two-stage ones verify ``config.verify_candidates``)."""
+    if config.router == IndexRouter.name:
+        return IndexRouter(config.verify_candidates)
+    return ROUTERS[config.router]()
 
 
 class TrainedRouter(Router):
@@ -167,7 +255,12 @@ class TrainedRouter(Router):
                 out[:, h] = alphas(p, q[h:h + 1], sf, phi[:, j:j + 1])[0]  # [S]
         return out
 
-    def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
+    def propose(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         tau = self.adapter.tau[ikv].astype(np.float64)                   # [H]
-        trained = (self.alphas(ikv, query, store) - tau[None, :]).max(axis=1)  # [S]
-        return verify(ikv, query, store, trained, self.candidates)
+        return (self.alphas(ikv, query, store) - tau[None, :]).max(axis=1)  # [S]
+
+    def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
+        return self.rank(ikv, query, store).scores
+
+    def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None) -> Ranking:
+        return verify(ikv, query, store, self.propose(ikv, query, store), self.candidates, resident)

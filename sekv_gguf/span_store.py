@@ -44,6 +44,8 @@ class SpanStore:
     keys[ikv]      f32 [S, Hkv, d]   summary keys (weighted mean of the span's keys)
     kmin/kmax[ikv] f32 [S, Hkv, d]   channel-wise min / max of the span's keys
     tables[ikv]    native.SpanTable  pointers to the host K rows (factors or raw) of every span
+    blocks[ikv]    f32 [S, B, Hkv, d] the routing index: mean key of each block of ~``block_tokens`` tokens
+    block_logn     f32 [S, B]        log tokens per block (-inf: padding past a span's blocks)
     sketch[ikv]    {field: f64 [S, Hkv, ...]}  key sketches (``SKETCH_FIELDS``), when ``sketch_shape`` is set
     lengths        f32 [S]           tokens per span
     """
@@ -60,6 +62,9 @@ class SpanStore:
         self.kmin = [empty() for _ in range(n_layer)]
         self.kmax = [empty() for _ in range(n_layer)]
         self.tables = [native.SpanTable(n_head_kv, head_dim) for _ in range(n_layer)]
+        self.n_blocks = -(-config.span_max // config.block_tokens)  # B: blocks per span (longer spans: longer blocks)
+        self.blocks = [np.zeros((0, self.n_blocks, n_head_kv, head_dim), dtype=np.float32) for _ in range(n_layer)]
+        self.block_logn = np.zeros((0, self.n_blocks), dtype=np.float32)
         self.sketch: list[dict[str, np.ndarray]] = [{} for _ in range(n_layer)]
 
     def __len__(self) -> int:
@@ -82,6 +87,7 @@ class SpanStore:
         cut = np.cumsum([0] + [p.size for p in positions])
         new = [Span(id=len(self.spans) + i, positions=np.asarray(p, dtype=np.int32)) for i, p in enumerate(positions)]
         summaries = []
+        splits = [self._blocks(p.size) for p in positions]               # per span: B' arrays of token indices
         for ikv in range(self.n_layer):
             k, v = rows(ikv)                                              # [n, Hkv, d] each
             k_parts = [k[cut[i]:cut[i + 1]].astype(np.float32) for i in range(n_new)]  # [L_i, Hkv, d]
@@ -95,22 +101,38 @@ class SpanStore:
             self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean])
             self.kmin[ikv] = np.concatenate([self.kmin[ikv], np.stack([p.min(axis=0) for p in k_parts])])
             self.kmax[ikv] = np.concatenate([self.kmax[ikv], np.stack([p.max(axis=0) for p in k_parts])])
+            blocks = np.zeros((n_new, self.n_blocks, self.n_head_kv, self.head_dim), dtype=np.float32)
+            for i, (p, split) in enumerate(zip(k_parts, splits)):
+                for b, idx in enumerate(split):
+                    blocks[i, b] = p[idx].mean(axis=0)                   # [Hkv, d]
+            self.blocks[ikv] = np.concatenate([self.blocks[ikv], blocks])
             if self.sketch_shape is not None:
                 add = {f: x.astype(np.float64) for f, x in sketches(k_parts, *self.sketch_shape).items()}
                 have = self.sketch[ikv]
                 self.sketch[ikv] = add if not have else {f: np.concatenate([have[f], add[f]]) for f in SKETCH_FIELDS}
             summaries.append((k_mean.reshape(n_new, -1).astype(np.float16),   # [n_new, Hkv*d]
                               v_mean.reshape(n_new, -1).astype(np.float16)))
+        logn = np.full((n_new, self.n_blocks), -np.inf, dtype=np.float32)
+        for i, split in enumerate(splits):
+            logn[i, : len(split)] = np.log([idx.size for idx in split])
+        self.block_logn = np.concatenate([self.block_logn, logn])
         self.spans.extend(new)
         self.lengths = np.concatenate([self.lengths, [s.length for s in new]]).astype(np.float32)
         return summaries
+
+    def _blocks(self, length: int) -> list[np.ndarray]:
+        """A span's token indices cut into ceil(length / block_tokens) near-equal blocks (at most ``n_blocks``)."""
+        n = min(self.n_blocks, -(-length // self.config.block_tokens))
+        return np.array_split(np.arange(length), n)
 
     def truncate(self, k: int) -> None:
         """Keep the first ``k`` spans (a rollback): every per-layer array and table shortened."""
         self.spans = self.spans[:k]
         self.lengths = self.lengths[:k]
+        self.block_logn = self.block_logn[:k]
         for ikv in range(self.n_layer):
             self.keys[ikv], self.kmin[ikv], self.kmax[ikv] = self.keys[ikv][:k], self.kmin[ikv][:k], self.kmax[ikv][:k]
+            self.blocks[ikv] = self.blocks[ikv][:k]
             self.tables[ikv] = self.tables[ikv].head(k)
             if self.sketch[ikv]:
                 self.sketch[ikv] = {f: x[:k] for f, x in self.sketch[ikv].items()}
@@ -118,7 +140,8 @@ class SpanStore:
     def shared_objects(self) -> list[object]:
         """What a snapshot of the store may share with it: the spans (immutable once placed), their host arrays
         and the stacked per-layer arrays (replaced, never written in place)."""
-        out: list[object] = [*self.spans, self.lengths, *self.keys, *self.kmin, *self.kmax]
+        out: list[object] = [*self.spans, self.lengths, self.block_logn, *self.keys, *self.kmin, *self.kmax,
+                             *self.blocks]
         for s in self.spans:
             out += [s.positions, *s.k, *s.v]
             out += [a for f in s.k + s.v for a in (f.us, f.vt, f.raw) if a is not None]
@@ -138,6 +161,12 @@ class SpanStore:
     @property
     def host_bytes(self) -> int:
         return int(sum(s.nbytes for s in self.spans))
+
+    @property
+    def index_bytes(self) -> int:
+        """Bytes of what the two-stage routers scan per routing (block index; on a GPU it sits beside the summary
+        rows), as f16."""
+        return int(sum(b.size for b in self.blocks) * 2 + self.block_logn.size * 2)
 
     @property
     def span_tokens(self) -> int:

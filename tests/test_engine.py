@@ -30,7 +30,8 @@ def test_full_rank_all_zoomed_equals_full(llama_model, gemma_model, which, flash
     full = make_policy("full", model, len(toks) + 1, cc, BudgetConfig(chunk=128))
     want = full.prefill(toks)
     full.close()
-    cfg = SekvConfig(prefill="exact", energy=1.0, zoom_share=0.6, compress_when_fits=True)
+    # a fixed window: the budget covers the prompt, an elastic window would keep every token resident
+    cfg = SekvConfig(prefill="exact", energy=1.0, zoom_share=0.6, compress_when_fits=True, elastic_window=False)
     policy = make_policy("sekv", model, len(toks) + 1, cc, BudgetConfig(kv_budget=2048, chunk=128), cfg)
     got = policy.prefill(toks)
     st = policy.stats()["sekv"]
@@ -124,3 +125,33 @@ def test_scored_decode_equals_all_logits_surprisal(open_session, tiny_llama):
     assert got[0] == 0.0
     np.testing.assert_allclose(got[1:], want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(last, all_logits[-1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("prefill", ["streaming", "exact"])
+def test_elastic_window_takes_the_free_cells_and_gives_them_back(llama_model, prefill):
+    """The window holds every cell that sinks, anchors, summaries and zoom slots leave (beyond the budget's fixed
+    window), never more than the budget, and shrinks as spans arrive; off, it stays at the fixed window."""
+    toks = _tokens(llama_model, 9000, offset=100)[:1800]
+    budget = BudgetConfig(kv_budget=768, chunk=128)
+
+    def run(elastic: bool, n: int):
+        policy = make_policy("sekv", llama_model, 2 * 1800 + 8, budget=budget,
+                             params=SekvConfig(prefill=prefill, elastic_window=elastic))
+        try:
+            policy.prefill(toks[:n])
+            hook = policy.session.hook
+            assert (hook.cells_pos()[policy.plan.cells:] == -1).all()
+            used = int((hook.cells_pos() >= 0).sum())
+            assert used <= policy.plan.cells
+            return {**policy.stats()["sekv"], "room": policy.window_room(1)}, used
+        finally:
+            policy.close()
+
+    fixed, _ = run(False, 1800)
+    assert fixed["window_tokens"] <= fixed["window"] + SekvConfig.span_min + SekvConfig.span_max
+    short, _ = run(True, 900)
+    long, used = run(True, 1800)
+    assert long["window_tokens"] > fixed["window"] + SekvConfig.span_max  # it took free cells
+    assert short["room"] > long["room"] >= long["window"]  # and gives them back as spans arrive
+    assert long["spans"] > short["spans"] > 0
+    assert used > 0.7 * 768  # the budget is put to use (less a chunk and a span or two of room)

@@ -45,7 +45,7 @@ def _transfer(policy: Any, full: Session, surp: np.ndarray) -> None:
     """Segment the full context's tokens; copy the resident ones into the policy's context, compress the spans."""
     n = surp.size
     n_sink = min(policy.plan.config.n_sink, n)
-    window_start = max(n_sink, n - policy.plan.window)
+    window_start = max(n_sink, n - _window(policy, n))
     policy.segmenter.observe(surp[n_sink:])
     seg = policy.segmenter.cut(surp[n_sink:window_start], final=True)
     anchors = n_sink + seg.anchors
@@ -60,6 +60,18 @@ def _transfer(policy: Any, full: Session, surp: np.ndarray) -> None:
         full_cells = full.hook.cells_of(n)
         span_cells = np.concatenate([full_cells[g] for g in groups])
         policy.compress(groups, [surp[g] for g in groups], lambda ikv: full.hook.get_rows(ikv, span_cells))
+
+
+def _window(policy: Any, n: int) -> int:
+    """The window an exact prefill of ``n`` tokens keeps: the budget's fixed one, or as much of the rest of the
+    budget as the summaries of the spans (at most one per ``span_min`` tokens), the anchors' cap, the zoom slots and
+    a chunk's room leave (``SekvPolicy.window_room`` with the most it could hold)."""
+    plan, config = policy.plan, policy.config
+    if not config.elastic_window:
+        return plan.window
+    max_spans = -(-max(n - plan.config.n_sink - plan.window, 0) // config.span_min)
+    held = plan.config.n_sink + plan.anchor_cap + max_spans + plan.n_zoom
+    return max(plan.window, plan.cells - held - plan.chunk - config.span_min - config.span_max)
 
 
 def refresh_tail(policy: Any, tokens: list[int]) -> np.ndarray:

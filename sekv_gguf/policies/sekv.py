@@ -25,7 +25,7 @@ import numpy as np
 from .. import native
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..errors import BudgetError
-from ..router import ROUTERS, Router
+from ..router import Router, training_free
 from ..segment import Segmenter
 from ..session import Session
 from ..span_store import SpanStore, single_threaded_blas
@@ -51,7 +51,7 @@ class SekvPolicy(Policy):
                  observer: Callable[[Policy], None] | None = None, *, segmenter: Segmenter | None = None,
                  summary_rows: bool = True):
         self.config = config = params or SekvConfig()
-        self.router = router or ROUTERS[config.router]()
+        self.router = router or training_free(config)
         self.plan = plan = BudgetPlan.of(budget or BudgetConfig(), n_context, config.zoom_share, config.anchor_share,
                                          config.compress_when_fits)
         self.summary_rows = summary_rows
@@ -85,7 +85,9 @@ class SekvPolicy(Policy):
         self.steps = 0
         self.signal_log = np.zeros(0, dtype=np.float32)  # [n_tokens] every token's segmentation signal
         self.carry_signal: float | None = None  # the signal of the next token when its logits are gone (rollback)
-        self.counters = {"route_calls": 0, "compress_s": 0.0, "zoom_s": 0.0}
+        # routing: calls, seconds (all / during decode steps), K rows read from the host tier and the device
+        self.counters = {"route_calls": 0, "compress_s": 0.0, "zoom_s": 0.0, "step_route_s": 0.0,
+                         "host_rows": 0, "device_rows": 0}
         self._init_done()
 
     # -- decoding ----------------------------------------------------------------------------------------------
@@ -123,9 +125,10 @@ class SekvPolicy(Policy):
         logits = None
         for c0 in range(0, len(tokens), self.plan.chunk):
             chunk = tokens[c0:c0 + self.plan.chunk]
+            self._maintain(len(chunk))  # room for the chunk (an elastic window may have filled the budget)
             logits = self._decode(chunk, scored=not self.plan.fits and self.segmenter.scored)
             self.last_ubatch = len(chunk)
-            self._maintain()
+            self._maintain(self.plan.chunk)
             self.n_prefilled = c0 + len(chunk)
             self.notify()
         if len(self.store):
@@ -138,10 +141,12 @@ class SekvPolicy(Policy):
     def _step(self, token: int) -> np.ndarray:
         logits = self._decode([token], scored=False)
         self.steps += 1
-        self._maintain()
+        self._maintain(1)
         if len(self.store) and self.steps % self.config.route_every == 0:
             self.irreversible()
+            t0 = time.perf_counter()
             self.route()
+            self.counters["step_route_s"] += time.perf_counter() - t0
         return logits
 
     # -- truncation and snapshots ------------------------------------------------------------------------------
@@ -158,9 +163,19 @@ class SekvPolicy(Policy):
 
     # -- compression -------------------------------------------------------------------------------------------
 
-    def _maintain(self) -> None:
+    def window_room(self, incoming: int) -> int:
+        """Most tokens the window may hold when ``incoming`` more are about to be decoded: the budget's fixed
+        window, or (``elastic_window``) every cell that sinks, anchors, summary rows and the zoom slots do not
+        hold, less ``incoming`` and a span's worth of tokens that may wait in the window for their span."""
+        if not self.config.elastic_window:
+            return self.plan.window
+        held = len(self.sinks) + len(self.anchors) + (len(self.store) if self.summary_rows else 0) + self.plan.n_zoom
+        pending = self.config.span_min + self.config.span_max
+        return max(self.plan.window, self.plan.cells - held - incoming - pending)
+
+    def _maintain(self, incoming: int) -> None:
         """Compress what left the window: anchors keep their cells, spans become summaries + host factors."""
-        over = len(self.window) - self.plan.window
+        over = len(self.window) - self.window_room(incoming)
         if self.plan.fits or over <= 0:
             return
         self.irreversible()
@@ -211,10 +226,14 @@ class SekvPolicy(Policy):
         """Zoom per layer into the best-scoring spans for the captured (or given) queries."""
         t0 = time.perf_counter()
         self.counters["route_calls"] += 1
+        rebuilt = self.zoom.rebuilt_rows
         for ikv in range(self.n_layer):
             query = self.session.hook.query(ikv) if queries is None else queries[ikv]
-            scores = self.router.score(ikv, query, self.store)           # [n_spans]
-            self.zoom.zoom(ikv, self.zoom.choose(scores, self.store.lengths), self.store.spans, self.steps)
+            ranking = self.router.rank(ikv, query, self.store, self.zoom)
+            self.counters["host_rows"] += ranking.host_rows
+            self.counters["device_rows"] += ranking.device_rows
+            self.zoom.zoom(ikv, self.zoom.choose(ranking.scores, self.store.lengths), self.store.spans, self.steps)
+        self.counters["host_rows"] += self.zoom.rebuilt_rows - rebuilt  # the new zooms' host rows
         self.counters["zoom_s"] += time.perf_counter() - t0
 
     # -- stats -------------------------------------------------------------------------------------------------
@@ -223,6 +242,7 @@ class SekvPolicy(Policy):
         out = super().stats()
         mean_rank, raw_share = self.store.rank_stats()
         calls = max(self.counters["route_calls"], 1)
+        layer_calls = calls * max(self.n_layer, 1)
         out.update({
             "host_kv_bytes": self.store.host_bytes,
             self.stats_key: {
@@ -230,6 +250,7 @@ class SekvPolicy(Policy):
                 "router_score": self.router.name,
                 "budget_cells": self.plan.cells,
                 "window": self.plan.window,
+                "window_tokens": len(self.window),
                 "zoom_slots": int(self.zoom.slots.size),
                 "spans": len(self.store),
                 "span_tokens": self.store.span_tokens,
@@ -240,6 +261,10 @@ class SekvPolicy(Policy):
                 "rebuilt_rows_per_step": self.zoom.rebuilt_rows / calls,
                 "compress_s": self.counters["compress_s"],
                 "zoom_s": self.counters["zoom_s"],
+                "index_bytes": self.store.index_bytes,
+                "host_rows_read_per_route": self.counters["host_rows"] / layer_calls,
+                "device_rows_read_per_route": self.counters["device_rows"] / layer_calls,
+                "route_ms_per_step": 1e3 * self.counters["step_route_s"] / max(self.steps, 1),
             },
         })
         return out

@@ -28,6 +28,23 @@ class ZoomSlots:
         self.rebuilt_rows = 0  # token rows rebuilt
         self.changes = 0       # spans zoomed in or out (a routing that changes nothing leaves it)
 
+    @property
+    def capacity(self) -> int:
+        """Token rows the slots hold per layer."""
+        return self.n_zoom
+
+    def keys(self, ikv: int) -> dict[int, np.ndarray]:
+        """span id -> K rows f16 [L, Hkv, d] of each span layer ``ikv`` holds, read from its device cells (what a
+        two-stage router judges resident spans by, without reading the host tier)."""
+        resident = self.resident[ikv]
+        if not resident:
+            return {}
+        idx = np.concatenate(list(resident.values()))                 # [n] slot indices, span after span
+        k, _ = self.hook.get_rows(ikv, self.slots[idx])                # [n, Hkv, d] in the cache type
+        k = k.astype(np.float16, copy=False)
+        cut = np.cumsum([0] + [i.size for i in resident.values()])
+        return {sid: k[cut[j]:cut[j + 1]] for j, sid in enumerate(resident)}
+
     def claim(self, cells: np.ndarray) -> None:
         """Take ``cells`` (free cells of the budget) as the slots, masked in every layer until used."""
         self.slots = np.asarray(cells, dtype=np.int32)

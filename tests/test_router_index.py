@@ -1,0 +1,127 @@
+"""The two-stage ``index`` router (the default): its stage-1 estimate, its bounded verify, and reads that do not
+grow with the context while ``mass`` reads every host row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import prose
+from sekv_gguf import native
+from sekv_gguf.config import BudgetConfig, SekvConfig
+from sekv_gguf.engine import generate, make_policy
+from sekv_gguf.router import IndexRouter, LowRankMassRouter, verify
+from sekv_gguf.span_store import SpanStore
+
+
+def _store(rng, n_spans: int, config: SekvConfig, hkv: int = 2, d: int = 16) -> SpanStore:
+    mats = [rng.standard_normal((int(n), hkv, d)).astype(np.float32)
+            for n in rng.integers(config.span_min, config.span_max + 1, n_spans)]
+    rows = np.concatenate(mats)                                           # [sum L, Hkv, d]
+    store = SpanStore(1, hkv, d, config)
+    store.add([np.arange(m.shape[0]) for m in mats], [np.ones(m.shape[0]) for m in mats], lambda ikv: (rows, rows))
+    return store
+
+
+class _Held:
+    """Resident spans as a layer's zoom slots would hold them."""
+
+    def __init__(self, store: SpanStore, ids: list[int], capacity: int):
+        self.capacity, self.ids, self.store = capacity, ids, store
+
+    def keys(self, ikv: int) -> dict[int, np.ndarray]:
+        return {sid: self.store.spans[sid].k[ikv].rebuild().astype(np.float16) for sid in self.ids}
+
+
+def test_one_token_blocks_estimate_exact_mass():
+    """With one token per block, stage 1's logsumexp over blocks is the span's exact attention mass."""
+    rng = np.random.default_rng(0)
+    cfg = SekvConfig(span_min=4, span_max=12, block_tokens=1, energy=1.0)
+    store = _store(rng, 30, cfg)
+    query = rng.standard_normal((4, 16)).astype(np.float32)
+    got = IndexRouter().propose(0, query, store)
+    want = LowRankMassRouter().score(0, query, store)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_blocks_cover_each_span_once():
+    rng = np.random.default_rng(1)
+    cfg = SekvConfig(span_min=5, span_max=40, block_tokens=16)
+    store = _store(rng, 20, cfg)
+    sizes = np.exp(store.block_logn)                                      # [S, B] (0 for padding)
+    np.testing.assert_allclose(sizes.sum(axis=1), store.lengths, rtol=1e-5)
+    assert store.blocks[0].shape == (20, 3, 2, 16) and np.isfinite(store.block_logn[:, 0]).all()
+    assert store.index_bytes == (store.blocks[0].size + store.block_logn.size) * 2
+
+
+def test_verify_reads_resident_from_device_and_bounded_host_rows():
+    rng = np.random.default_rng(2)
+    cfg = SekvConfig(span_min=8, span_max=16, energy=1.0)
+    store = _store(rng, 60, cfg)
+    query = rng.standard_normal((4, 16)).astype(np.float32)
+    proposed = IndexRouter().propose(0, query, store)
+    exact = LowRankMassRouter().score(0, query, store)
+    held = _Held(store, [3, 17, 40], capacity=64)
+    r = verify(0, query, store, proposed, 5, held)
+    order = np.argsort(-r.scores, kind="stable")
+    first = order[:8]                                                     # 3 resident + 5 host candidates
+    assert set(held.ids) <= set(first)
+    host = [s for s in np.argsort(-proposed, kind="stable") if s not in held.ids][:5]
+    assert set(first) == set(held.ids) | set(host)
+    np.testing.assert_array_equal(first, sorted(first, key=lambda s: -exact[s]))  # ordered by exact mass
+    assert r.host_rows == int(store.lengths[host].sum()) <= 5 * cfg.span_max
+    assert r.device_rows == int(store.lengths[held.ids].sum())
+    # the rest keeps the proposal's order
+    rest = order[8:]
+    np.testing.assert_array_equal(rest, [s for s in np.argsort(-proposed, kind="stable") if s not in first])
+
+
+def test_verify_everything_is_exact_mass_order_and_zero_candidates_is_the_proposal():
+    rng = np.random.default_rng(3)
+    cfg = SekvConfig(span_min=8, span_max=16, energy=1.0)
+    store = _store(rng, 25, cfg)
+    query = rng.standard_normal((4, 16)).astype(np.float32)
+    exact = LowRankMassRouter().score(0, query, store)
+    got = IndexRouter(candidates=100).score(0, query, store)
+    np.testing.assert_array_equal(np.argsort(-got, kind="stable"), np.argsort(-exact, kind="stable"))
+    proposal = IndexRouter(candidates=0)
+    np.testing.assert_array_equal(proposal.score(0, query, store), proposal.propose(0, query, store))
+    # the first routing of a layer (nothing resident) also verifies what fills the slots
+    r = verify(0, query, store, proposal.propose(0, query, store), 2, _Held(store, [], capacity=40))
+    assert 2 * cfg.span_min < r.host_rows <= 40 + 2 * cfg.span_max
+
+
+def test_index_config_is_checked():
+    with pytest.raises(ValueError, match="block_tokens"):
+        SekvConfig(block_tokens=0)
+    with pytest.raises(ValueError, match="candidates"):
+        IndexRouter(candidates=-1)
+    assert SekvConfig().router == "index"
+
+
+def _reads(model, n: int, router: str) -> dict:
+    tokens = model.tokenize(prose(5 * n).encode(), add_bos=True, special=False)[:n]
+    policy = make_policy("sekv", model, len(tokens) + 12, budget=BudgetConfig(kv_budget=2560, chunk=256),
+                         params=SekvConfig(route_every=1, router=router, prefill="streaming"))
+    try:
+        return generate(policy, tokens, 12, stop_at_eos=False).sekv
+    finally:
+        policy.close()
+
+
+def test_index_reads_do_not_grow_with_the_context(llama_model):
+    """Same device budget and settings at 8K and 32K tokens: the index router's host rows per routing call and
+    layer stay bounded by (first-fill + candidates + new zooms) spans, while ``mass`` reads every span token."""
+    cfg = SekvConfig()
+    small, large = _reads(llama_model, 8192, "index"), _reads(llama_model, 32768, "index")
+    assert large["spans"] > 3 * small["spans"]
+    bound = (cfg.verify_candidates + cfg.max_new_zooms) * cfg.span_max
+    first_fill = small["zoom_slots"] + cfg.verify_candidates * cfg.span_max  # the first call per layer, once
+    calls = 13  # the prefill's routing + 12 steps
+    for s in (small, large):
+        assert 0 < s["host_rows_read_per_route"] <= bound + first_fill / calls
+        assert s["device_rows_read_per_route"] > 0
+    assert large["host_rows_read_per_route"] <= 1.25 * small["host_rows_read_per_route"]
+    mass = _reads(llama_model, 8192, "mass")
+    assert mass["host_rows_read_per_route"] >= mass["span_tokens"]
+    assert large["host_rows_read_per_route"] < 0.25 * large["span_tokens"]
