@@ -234,6 +234,31 @@ def niah_multiquery(count: Count, n_tokens: int, seed: int, haystack: str = "pro
     return _niah("niah_multiquery", count, n_tokens, seed, haystack, n_keys=4, n_queries=2)
 
 
+def niah_multiturn(count: Count, n_tokens: int, seed: int, haystack: str = "prose", n_turns: int = 3) -> Case:
+    """SCBench's shared-context setting: a document holding ``n_turns`` special magic numbers (one per stratum of
+    depth) and no question; ``meta["turns"]`` holds the later questions, one per number in a seeded order, each a
+    text to append after the document (and the earlier turns) and its answer. The prompt ends with the document."""
+    _check_haystack(haystack)
+    rng = random.Random(seed)
+    keys = [f"{a}-{b}" for a, b in rng.sample([(a, b) for a in _ADJECTIVES for b in _NOUNS], n_turns)]
+    values: list[str] = []
+    while len(values) < n_turns:
+        value = _value("numbers", rng)
+        if value not in values:
+            values.append(value)
+    depths = [round((i + 0.1 + 0.8 * rng.random()) / n_turns, 3) for i in range(n_turns)]
+    inserts = [_Insert(f"One of the special magic numbers for {k} is: {v}.", d, True)
+               for k, v, d in zip(keys, values, depths)]
+    head = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+            "I will quiz you about the numbers afterwards.\n\n")
+    order = rng.sample(range(n_turns), n_turns)
+    turns = [{"text": f"\n\nQuestion: What is the special magic number for {keys[i]} mentioned in the provided "
+                      f"text?\nAnswer: The special magic number for {keys[i]} mentioned in the provided text is:",
+              "answer": values[i], "depth": depths[i]} for i in order]
+    return _haystack_case("niah_multiturn", count, n_tokens, seed, haystack, rng, head, inserts, "",
+                          tuple(values), "all", turns=turns)
+
+
 def kv_retrieval(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
     """A JSON object of UUID pairs (one pair per 256 target tokens, at least 4); the asked pair is at a seeded depth
     (the object sits around it: the pair's index in the object is in proportion to its depth)."""
@@ -352,6 +377,7 @@ TASKS: dict[str, Callable[..., Case]] = {
     "niah_multikey": niah_multikey,
     "niah_multivalue": niah_multivalue,
     "niah_multiquery": niah_multiquery,
+    "niah_multiturn": niah_multiturn,
     "kv_retrieval": kv_retrieval,
     "variable_tracking": variable_tracking,
     "frequent_words": frequent_words,

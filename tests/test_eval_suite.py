@@ -79,3 +79,18 @@ def test_bad_eval_input_is_refused(llama_model, capsys):
         run_suite(llama_model, EvalConfig(lengths=(70000,)), progress=False)
     assert main(["eval", "--policies", "nope"]) == 1
     assert "unknown policy 'nope'" in capsys.readouterr().err
+
+
+def test_multiturn_cases_go_through_the_lifecycle_api(llama_model):
+    """A shared-context case: every policy prefills the document, then answers each question in a later turn, its
+    answers staying in the memory; sekv keeps the rest on the host."""
+    cfg = EvalConfig(policies=("full", "snapkv", "sekv"), budgets=(0.5,), tasks=("niah_multiturn",),
+                     lengths=(1024,), haystacks=("prose",), n_predict=3, fidelity_docs=0)
+    result = run_suite(llama_model, cfg, progress=False)
+    assert {r["policy"] for r in result["cases"]} == {"full", "snapkv", "sekv"}
+    for r in result["cases"]:
+        assert len(r["turn_outputs"]) == 3 and len(r["turn_hits"]) == 3 and r["score"] == sum(r["turn_hits"]) / 3
+        assert r["device_kv_bytes"] > 0
+    full = next(r for r in result["cases"] if r["policy"] == "full")
+    sekv = next(r for r in result["cases"] if r["policy"] == "sekv")
+    assert sekv["host_kv_bytes"] > 0 and sekv["device_kv_bytes"] < full["device_kv_bytes"]

@@ -20,7 +20,8 @@ COUNTS = {
 count = COUNTS["chars/4"]
 HAYSTACKS = ("filler", "prose")
 ALL = list(TASKS)
-N_ANSWERS = {"niah_multivalue": 4, "niah_multiquery": 2, "variable_tracking": 5, "frequent_words": 3}
+N_ANSWERS = {"niah_multivalue": 4, "niah_multiquery": 2, "niah_multiturn": 3, "variable_tracking": 5,
+             "frequent_words": 3}
 
 
 def context(case: Case) -> str:
@@ -30,7 +31,7 @@ def context(case: Case) -> str:
 
 def test_task_names():
     assert ALL == ["niah_number", "niah_word", "niah_uuid", "niah_multikey", "niah_multivalue", "niah_multiquery",
-                   "kv_retrieval", "variable_tracking", "frequent_words", "arithmetic"]
+                   "niah_multiturn", "kv_retrieval", "variable_tracking", "frequent_words", "arithmetic"]
 
 
 @pytest.mark.parametrize("haystack", HAYSTACKS)
@@ -52,7 +53,8 @@ def test_shape(task):
     assert case.haystack == "prose"  # the default
     assert len(case.answers) == N_ANSWERS.get(task, 1)
     assert case.metric == ("any" if task == "arithmetic" else "all")
-    assert case.prompt.endswith(":")  # an answer lead, no trailing space
+    leads = [t["text"] for t in case.meta["turns"]] if task == "niah_multiturn" else [case.prompt]
+    assert all(lead.endswith(":") for lead in leads)  # an answer lead, no trailing space
     assert math.isnan(case.depth) == (task in ("frequent_words", "arithmetic"))
     assert score(case, " " + ", ".join(case.answers) + ".") == 1.0
 
@@ -168,3 +170,18 @@ def test_unknown_haystack():
 def test_too_few_tokens(task):
     with pytest.raises(ValueError, match=f"too small for task '{task}'"):
         make_case(task, count, 16, 0)
+
+
+def test_multiturn_asks_every_needle_later_in_seeded_order():
+    """The shared-context case: the prompt is the document alone; one later question per needle, each needle in
+    its own third of the context."""
+    case = make_case("niah_multiturn", count, 4096, 2)
+    needles = re.findall(r"One of the special magic numbers for ([\w-]+) is: (\d{7})\.", context(case))
+    assert len(needles) == 3 and case.prompt == case.prompt[:case.meta["context"][1]]
+    turns = case.meta["turns"]
+    assert sorted(t["answer"] for t in turns) == sorted(v for _, v in needles)
+    for t in turns:
+        key = next(k for k, v in needles if v == t["answer"])
+        assert key in t["text"] and t["answer"] not in t["text"]
+    depths = sorted(t["depth"] for t in turns)
+    assert all(i / 3 <= d < (i + 1) / 3 for i, d in enumerate(depths))

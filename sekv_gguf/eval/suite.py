@@ -3,6 +3,7 @@ in one process, through the same engine. ``run_suite`` returns a JSON-ready dict
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -120,6 +121,15 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                                "prompt_tokens": len(tokens), "depth": None if np.isnan(case.depth) else case.depth, "answers": list(case.answers),
                                "metric": case.metric, "policy": label(name), "budget": budget}
                         try:
+                            if case.meta.get("turns"):
+                                row.update(_converse(lambda n: make(name, budget, n), model, case, tokens,
+                                                     cfg.n_predict))
+                                cases.append(row)
+                                bar.update(1)
+                                if log:
+                                    log(f"{task:>18} {hay:>6} {length:>6} {name:>9} {budget or '':>4} "
+                                        f"score {row['score']} {row['output']!r:.60}")
+                                continue
                             policy = make(name, budget, len(tokens) + n_predict)
                             try:
                                 r = generate(policy, tokens, n_predict)
@@ -167,6 +177,42 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
     params = asdict(cfg)
     params["policies"] = [label(p) for p in cfg.policies]
     return {"params": params, "cases": cases, "fidelity": fidelity, "summary": summarize(cases, fidelity)}
+
+
+def _converse(make: Callable[[int], Any], model: Any, case: Any, doc: list[int], n_predict: int) -> dict[str, Any]:
+    """A multi-turn case (``case.meta["turns"]``): the document is prefilled with no question, then each turn's
+    question is appended through the policy's lifecycle API and answered greedily, the answer staying in the memory
+    before the next question. Score: the share of turns whose answer holds its value."""
+    piece = lambda t: model.token_to_piece(t)  # noqa: E731
+    turns = [(model.tokenize(t["text"].encode("utf-8"), add_bos=False, special=False), t["answer"])
+             for t in case.meta["turns"]]
+    per_turn = [max(n_predict, len(model.tokenize((" " + a).encode(), add_bos=False, special=False)) + 8)
+                for _, a in turns]
+    policy = make(len(doc) + sum(len(q) for q, _ in turns) + sum(per_turn))
+    eos = model.token_eos()
+    outputs: list[str] = []
+    t0 = time.perf_counter()
+    try:
+        policy.prefill(doc)
+        t1 = time.perf_counter()
+        for (question, _), n in zip(turns, per_turn):
+            logits = policy.append(question)
+            out: list[int] = []
+            for _ in range(n):
+                tok = int(np.argmax(logits))
+                if tok == eos:
+                    break
+                out.append(tok)
+                logits = policy.step(tok)
+            outputs.append(b"".join(piece(t) for t in out).decode("utf-8", "replace"))
+        stats = policy.stats()
+    finally:
+        policy.close()
+    hits = [answer.strip().lower() in text.strip().lower() for text, (_, answer) in zip(outputs, turns)]
+    return {"output": " | ".join(outputs), "turn_outputs": outputs, "turn_hits": hits,
+            "turn_depths": [t["depth"] for t in case.meta["turns"]], "score": sum(hits) / len(hits),
+            "device_kv_bytes": int(stats["device_kv_bytes"]), "host_kv_bytes": int(stats.get("host_kv_bytes", 0)),
+            "prefill_s": t1 - t0, "decode_s": time.perf_counter() - t1}
 
 
 def summarize(cases: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> dict[str, Any]:
