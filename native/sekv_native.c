@@ -152,8 +152,8 @@ static inline void sekv_lse_push(float * m, float * s, float x) {
 }
 
 int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
-                       const int32_t * len, const int32_t * rank, const uint16_t * const * a,
-                       const uint16_t * const * b, float * out) {
+                       const int32_t * len, const int32_t * rank, const void * const * a,
+                       const void * const * b, float * out) {
     if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 || d <= 0 || d > SEKV_MAX_HEAD_DIM ||
         n_head > SEKV_MAX_HEADS || n_spans < 0) {
         return SEKV_N_ERR_SIZE;
@@ -161,10 +161,10 @@ int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64
     if (n_spans == 0) return SEKV_N_OK;
     if (q == NULL || len == NULL || rank == NULL || a == NULL || b == NULL || out == NULL) return SEKV_N_ERR_NULL;
     for (int64_t s = 0; s < n_spans; ++s) {
-        if (len[s] <= 0 || len[s] > SEKV_MAX_SPAN || rank[s] < 0 || rank[s] > len[s] || rank[s] > d) {
+        if (len[s] <= 0 || len[s] > SEKV_MAX_SPAN || rank[s] < SEKV_RANK_Q8 || rank[s] > len[s] || rank[s] > d) {
             return SEKV_N_ERR_SIZE;
         }
-        if (a[s] == NULL || (rank[s] > 0 && b[s] == NULL)) return SEKV_N_ERR_NULL;
+        if (a[s] == NULL || (rank[s] != 0 && b[s] == NULL)) return SEKV_N_ERR_NULL;
         if (rank[s] > 0 && (n_head / n_head_kv) * rank[s] > SEKV_MAX_QV) return SEKV_N_ERR_SIZE;
     }
     sekv_h2f_init();
@@ -175,11 +175,26 @@ int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64
     for (int64_t s = 0; s < n_spans; ++s) {
         const int64_t L = len[s], r = rank[s];
         for (int64_t h = 0; h < n_head; ++h) { m[h] = 0.0f; sum[h] = 0.0f; }
-        if (r == 0) {
-            /* raw rows [L, Hkv, d] */
+        if (r == SEKV_RANK_Q8) {
+            /* int8 codes [L, Hkv, d] with per-channel scales [Hkv, d] */
+            const int8_t * codes = (const int8_t *) a[s];
+            const float * scale = (const float *) b[s];
             for (int64_t t = 0; t < L; ++t) {
                 for (int64_t kh = 0; kh < n_head_kv; ++kh) {
-                    sekv_widen(a[s] + (t*n_head_kv + kh)*d, row, d);
+                    const int8_t * c = codes + (t*n_head_kv + kh)*d;
+                    for (int64_t i = 0; i < d; ++i) row[i] = (float) c[i] * scale[kh*d + i];
+                    for (int64_t g = 0; g < group; ++g) {
+                        const int64_t h = kh*group + g;
+                        sekv_lse_push(&m[h], &sum[h], sekv_dot(q + h*d, row, d));
+                    }
+                }
+            }
+        } else if (r == 0) {
+            /* raw rows [L, Hkv, d] */
+            const uint16_t * raw = (const uint16_t *) a[s];
+            for (int64_t t = 0; t < L; ++t) {
+                for (int64_t kh = 0; kh < n_head_kv; ++kh) {
+                    sekv_widen(raw + (t*n_head_kv + kh)*d, row, d);
                     for (int64_t g = 0; g < group; ++g) {
                         const int64_t h = kh*group + g;
                         sekv_lse_push(&m[h], &sum[h], sekv_dot(q + h*d, row, d));
@@ -188,15 +203,16 @@ int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64
             }
         } else {
             /* factors: U·S [Hkv, L, r] and Vᵀ [Hkv, r, d]; q·k_t = sum_j (U·S)[t, j] (q · Vᵀ[j]) */
+            const uint16_t * us = (const uint16_t *) a[s], * vt = (const uint16_t *) b[s];
             for (int64_t kh = 0; kh < n_head_kv; ++kh) {
                 for (int64_t j = 0; j < r; ++j) {
-                    sekv_widen(b[s] + (kh*r + j)*d, row, d);
+                    sekv_widen(vt + (kh*r + j)*d, row, d);
                     for (int64_t g = 0; g < group; ++g) {
                         qv[g*r + j] = sekv_dot(q + (kh*group + g)*d, row, d);
                     }
                 }
                 for (int64_t t = 0; t < L; ++t) {
-                    sekv_widen(a[s] + (kh*L + t)*r, row, r);
+                    sekv_widen(us + (kh*L + t)*r, row, r);
                     for (int64_t g = 0; g < group; ++g) {
                         const int64_t h = kh*group + g;
                         sekv_lse_push(&m[h], &sum[h], sekv_dot(qv + g*r, row, r));
@@ -237,6 +253,23 @@ int32_t sekv_attn_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64
         const float inv = 1.0f / sum;
         for (int64_t i = 0; i < n; ++i) {
             out[i] += scratch[i] * inv;
+        }
+    }
+    return SEKV_N_OK;
+}
+
+int32_t sekv_q8_to_f16(const int8_t * codes, const float * scales, int64_t n, int64_t n_head_kv, int64_t d,
+                       int32_t per_token, uint16_t * out) {
+    if (n < 0 || n_head_kv <= 0 || d <= 0 || n > INT64_MAX / n_head_kv / d) return SEKV_N_ERR_SIZE;
+    if (n == 0) return SEKV_N_OK;
+    if (codes == NULL || scales == NULL || out == NULL) return SEKV_N_ERR_NULL;
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t h = 0; h < n_head_kv; ++h) {
+            const int64_t o = (t*n_head_kv + h)*d;
+            for (int64_t c = 0; c < d; ++c) {
+                const float scale = per_token ? scales[t*n_head_kv + h] : scales[h*d + c];
+                out[o + c] = sekv_float_to_half((float) codes[o + c] * scale);
+            }
         }
     }
     return SEKV_N_OK;

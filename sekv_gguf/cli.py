@@ -197,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--router", choices=list(TRAINING_FREE_SCORES),
                     help=f"sekv's training-free score (default {SekvConfig.router}); others are reported as "
                          "sekv-<score>")
+    ev.add_argument("--sekv", action="append", metavar="KEY=VALUE",
+                    help="a SekvConfig override for the sekv runs (repeatable; runs are named sekv-KEY=VALUE)")
     ev.add_argument("--verify-candidates", type=int, default=SekvConfig.verify_candidates,
                     help="spans the trained router proposes per layer for exact-mass ordering (default "
                          f"{SekvConfig.verify_candidates}; 0: the trained score alone, reported as sekv-trained-only)")
@@ -300,6 +302,28 @@ def cmd_chat(args: argparse.Namespace) -> int:
         llm.close()
 
 
+def _sekv_overrides(items: list[str]) -> dict:
+    """``KEY=VALUE`` pairs -> SekvConfig overrides, each value parsed as the field's type (``none`` for None)."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(SekvConfig)}
+    out: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"--sekv takes KEY=VALUE with KEY one of {', '.join(fields)}, got {item!r}")
+        default = getattr(SekvConfig, key)
+        if text.lower() == "none":
+            out[key] = None
+        elif isinstance(default, bool):
+            out[key] = text.lower() in ("1", "true", "yes", "on")
+        elif isinstance(default, (int, float)) or key == "energy_v":
+            out[key] = type(default)(text) if default is not None else float(text)
+        else:
+            out[key] = text
+    return out
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from .eval.report import table, write
     from .eval.suite import EvalConfig, run_suite
@@ -307,7 +331,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = EvalConfig(policies=tuple(args.policies), budgets=tuple(args.budgets), tasks=tuple(args.tasks),
                      lengths=tuple(args.lengths), samples=args.samples, haystacks=tuple(args.haystacks),
                      n_predict=args.n_predict, fidelity_docs=args.fidelity_docs, fidelity_steps=args.fidelity_steps,
-                     seed=args.seed, adapter=args.adapter, sekv={"router": args.router} if args.router else {})
+                     seed=args.seed, adapter=args.adapter,
+                     sekv=({"router": args.router} if args.router else {}) | _sekv_overrides(args.sekv or []))
     path = _model_path(args.model)
     ctx_config = ContextConfig(verbose=args.verbose, n_threads=args.threads)
     router = TrainedRouter.from_file(args.adapter, path, args.verify_candidates) if args.adapter else None

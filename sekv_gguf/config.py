@@ -16,6 +16,9 @@ KV_TYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16}
 # the training-free span scores of ``sekv_gguf.router.ROUTERS``
 TRAINING_FREE_SCORES = ("index", "mass", "summary", "centroid", "bound")
 
+# how span rows are kept in the host tier where factors would not be smaller (``SekvConfig.host_format``)
+HOST_FORMATS = ("f16", "q8")
+
 CELL_GRANULARITY = 256  # llama.cpp allocates KV cells in multiples of this
 
 
@@ -136,7 +139,10 @@ class SekvConfig:
     energy: share of a span's squared Frobenius norm the low-rank factors keep (per layer, for K and for V);
         when that rank exceeds ``r_max`` or its fp16 factors would not be smaller than the raw rows, the raw rows
         are kept instead, so the relative reconstruction error never exceeds sqrt(1 - energy).
+    energy_v: the same for V (None: ``energy``); values need no retrieval precision, keys do.
     r_max: largest rank stored.
+    host_format: how span rows are stored where factors would not be smaller: "f16" (as the device holds them)
+        or "q8" (int8 codes, one f32 scale per channel for K and per token for V: about half the bytes).
     router: the training-free score when no trained router is given: "index" (two-stage: the block index
         proposes, the resident spans and ``verify_candidates`` others are ordered by exact mass; bounded reads),
         "mass" (each span's attention mass logsumexp_t q·k_t from its host factors: reads every host row),
@@ -166,7 +172,9 @@ class SekvConfig:
     span_min: int = 32
     span_max: int = 64
     energy: float = 0.999
+    energy_v: float | None = None
     r_max: int = 64
+    host_format: str = "f16"
     prefill: str = "auto"
     router: str = "index"
     verify_candidates: int = 16
@@ -191,6 +199,10 @@ class SekvConfig:
             raise ValueError(f"refresh_tokens must be >= 1, got {self.refresh_tokens}")
         if self.route_every < 1 or self.max_new_zooms < 1:
             raise ValueError(f"route_every and max_new_zooms must be >= 1, got {self.route_every}, {self.max_new_zooms}")
+        if self.energy_v is not None and not 0 < self.energy_v <= 1:
+            raise ValueError(f"energy_v must be in (0, 1], got {self.energy_v}")
+        if self.host_format not in HOST_FORMATS:
+            raise ValueError(f"host_format must be one of {', '.join(HOST_FORMATS)}, got {self.host_format!r}")
         if self.block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {self.block_tokens}")
         if self.r_max < 1:

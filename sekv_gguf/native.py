@@ -11,6 +11,8 @@ import numpy as np
 from ._native import ffi, lib
 from .errors import NativeError
 
+RANK_Q8 = lib.SEKV_RANK_Q8  # SpanTable rank of int8 rows
+
 _MESSAGES = {
     lib.SEKV_N_ERR_NULL: "a required buffer is missing",
     lib.SEKV_N_ERR_SIZE: "a count or row size is out of range",
@@ -79,7 +81,8 @@ def surprisal_at(address: int, n_rows: int, n_vocab: int, next_tokens: object) -
 
 class SpanTable:
     """The host K rows of every span of one layer, as the pointer table ``span_mass`` reads: per span its length,
-    rank (0: raw rows) and the f16 arrays (kept referenced here, so the pointers stay valid)."""
+    rank (0: raw f16 rows, ``RANK_Q8``: int8 codes with per-channel scales) and its arrays (kept referenced here,
+    so the pointers stay valid)."""
 
     def __init__(self, n_head_kv: int, head_dim: int):
         self.n_head_kv, self.head_dim = n_head_kv, head_dim
@@ -105,10 +108,19 @@ class SpanTable:
         out.len, out.rank, out.a, out.b = self.len[:k].copy(), self.rank[:k].copy(), self.a[:k].copy(), self.b[:k].copy()
         return out
 
-    def append(self, length: int, raw: np.ndarray | None, us: np.ndarray | None, vt: np.ndarray | None) -> None:
-        """raw f16 [L, Hkv, d], or us f16 [Hkv, L, r] with vt f16 [Hkv, r, d]."""
+    def append(self, length: int, raw: np.ndarray | None, us: np.ndarray | None, vt: np.ndarray | None,
+               q8: np.ndarray | None = None, scale: np.ndarray | None = None) -> None:
+        """raw f16 [L, Hkv, d], or us f16 [Hkv, L, r] with vt f16 [Hkv, r, d], or q8 int8 [L, Hkv, d] with its
+        per-channel scale f32 [Hkv, d] (or any shape of those values)."""
         hkv, d = self.n_head_kv, self.head_dim
-        if raw is not None:
+        if q8 is not None:
+            a = np.ascontiguousarray(q8)
+            b = np.ascontiguousarray(scale, dtype=np.float32).reshape(-1)
+            if a.dtype != np.int8 or a.shape != (length, hkv, d) or b.size != hkv * d:
+                raise NativeError(f"int8 span rows {a.dtype} {a.shape} with {b.size} scales, expected int8 "
+                                  f"{(length, hkv, d)} with {hkv * d}")
+            rank = RANK_Q8
+        elif raw is not None:
             a = np.ascontiguousarray(raw, dtype=np.float16)
             if a.shape != (length, hkv, d):
                 raise NativeError(f"raw span rows have shape {a.shape}, expected {(length, hkv, d)}")
@@ -143,8 +155,25 @@ def span_mass(query: np.ndarray, table: SpanTable, subset: np.ndarray | None = N
     if out.size:
         _check("span_mass", lib.sekv_span_mass(
             _ptr("float *", q), q.shape[0], table.n_head_kv, table.head_dim, lens.size,
-            _ptr("int32_t *", lens), _ptr("int32_t *", ranks), ffi.cast("uint16_t **", a.ctypes.data),
-            ffi.cast("uint16_t **", b.ctypes.data), _ptr("float *", out)))
+            _ptr("int32_t *", lens), _ptr("int32_t *", ranks), ffi.cast("void **", a.ctypes.data),
+            ffi.cast("void **", b.ctypes.data), _ptr("float *", out)))
+    return out
+
+
+def q8_to_f16(codes: np.ndarray, scale: np.ndarray, per_token: bool) -> np.ndarray:
+    """f16 [n, Hkv, d] rows of int8 ``codes`` [n, Hkv, d] times ``scale``: f32 [Hkv, d] per channel, or [n, Hkv]
+    per token (``per_token``)."""
+    c = np.ascontiguousarray(codes)
+    if c.dtype != np.int8 or c.ndim != 3:
+        raise NativeError(f"codes must be int8 [n, n_head_kv, d], got {c.dtype} {c.shape}")
+    n, hkv, d = c.shape
+    s = np.ascontiguousarray(scale, dtype=np.float32).reshape(-1)
+    if s.size != (n * hkv if per_token else hkv * d):
+        raise NativeError(f"{s.size} scales for int8 rows {c.shape} ({'per token' if per_token else 'per channel'})")
+    out = np.empty(c.shape, dtype=np.float16)
+    if c.size:
+        _check("q8_to_f16", lib.sekv_q8_to_f16(ffi.cast("int8_t *", c.ctypes.data), _ptr("float *", s), n, hkv, d,
+                                                int(per_token), _ptr("uint16_t *", out)))
     return out
 
 

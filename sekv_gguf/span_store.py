@@ -92,10 +92,11 @@ class SpanStore:
             k, v = rows(ikv)                                              # [n, Hkv, d] each
             k_parts = [k[cut[i]:cut[i + 1]].astype(np.float32) for i in range(n_new)]  # [L_i, Hkv, d]
             v_parts = [v[cut[i]:cut[i + 1]].astype(np.float32) for i in range(n_new)]
-            for span, kf, vf in zip(new, factorize(k_parts, self.config), factorize(v_parts, self.config)):
+            for span, kf, vf in zip(new, factorize(k_parts, self.config),
+                                    factorize(v_parts, self.config, values=True)):
                 span.k.append(kf)
                 span.v.append(vf)
-                self.tables[ikv].append(span.length, kf.raw, kf.us, kf.vt)
+                self.tables[ikv].append(span.length, kf.raw, kf.us, kf.vt, kf.q8, kf.scale)
             k_mean = np.stack([weighted_mean(p, w) for p, w in zip(k_parts, weights)])  # [n_new, Hkv, d]
             v_mean = np.stack([weighted_mean(p, w) for p, w in zip(v_parts, weights)])
             self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean])
@@ -144,7 +145,7 @@ class SpanStore:
                              *self.blocks]
         for s in self.spans:
             out += [s.positions, *s.k, *s.v]
-            out += [a for f in s.k + s.v for a in (f.us, f.vt, f.raw) if a is not None]
+            out += [a for f in s.k + s.v for a in (f.us, f.vt, f.raw, f.q8, f.scale) if a is not None]
         for t in self.tables:
             out += t.arrays
         for sk in self.sketch:
@@ -177,4 +178,4 @@ class SpanStore:
         factors = [f for s in self.spans for f in s.k + s.v]
         if not factors:
             return 0.0, 0.0
-        return float(np.mean([f.rank for f in factors])), float(np.mean([f.raw is not None for f in factors]))
+        return float(np.mean([f.rank for f in factors])), float(np.mean([f.rows_kept for f in factors]))

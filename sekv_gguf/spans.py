@@ -1,9 +1,11 @@
 """Host tier of SeKV: per span and hooked layer, fp16 low-rank factors (or the raw rows) of K and V, and the summary
 row that stays on the device.
 
-Rank per (span, layer, K|V): the smallest r keeping ``energy`` of the squared Frobenius norm for every KV head; if
-r > r_max or the fp16 factors (U·S [L, r] and Vᵀ [r, d] per head) would not be smaller than the raw rows, the raw
-rows are stored. The SVDs of a batch are one LAPACK call over zero-padded spans (see ``factorize``).
+Rank per (span, layer, K|V): the smallest r keeping ``energy`` (``energy_v`` for V) of the squared Frobenius norm
+for every KV head; if r > r_max or the fp16 factors (U·S [L, r] and Vᵀ [r, d] per head) would not be smaller than
+the rows as stored, the rows are stored: fp16, or with ``host_format="q8"`` int8 codes with one f32 scale per
+channel for K (keys' outlier channels, as KIVI quantizes them) and per token for V. The SVDs of a batch are one
+LAPACK call over zero-padded spans (see ``factorize``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import native
 from .config import SekvConfig
 
 
@@ -22,23 +25,45 @@ class Factors:
     us: np.ndarray | None   # f16 [n_head_kv, L, r]  U·diag(S)
     vt: np.ndarray | None   # f16 [n_head_kv, r, d]
     raw: np.ndarray | None  # f16 [L, n_head_kv, d]
+    q8: np.ndarray | None = None     # int8 [L, n_head_kv, d] codes (rows stored as int8)
+    scale: np.ndarray | None = None  # f32 [n_head_kv, d] per channel (K) or [L, n_head_kv] per token (V)
+    per_token: bool = False          # which of the two ``scale`` is
+
+    @property
+    def rows_kept(self) -> bool:
+        """The rows themselves are stored (f16 or int8), not factors."""
+        return self.raw is not None or self.q8 is not None
 
     @property
     def rank(self) -> int:
+        if self.q8 is not None:
+            return int(self.q8.shape[0])
         return int(self.raw.shape[0]) if self.raw is not None else int(self.us.shape[2])
 
     @property
     def nbytes(self) -> int:
+        if self.q8 is not None:
+            return self.q8.nbytes + self.scale.nbytes
         if self.raw is not None:
             return self.raw.nbytes
         return self.us.nbytes + self.vt.nbytes
 
     def rebuild(self) -> np.ndarray:
         """float32 [L, n_head_kv, d]."""
+        if self.q8 is not None:  # [L, Hkv, d] * ([L, Hkv, 1] per token | [1, Hkv, d] per channel)
+            return self.q8.astype(np.float32) * (self.scale[:, :, None] if self.per_token else self.scale[None])
         if self.raw is not None:
             return self.raw.astype(np.float32)
         # [Hkv, L, r] @ [Hkv, r, d] -> [Hkv, L, d] -> [L, Hkv, d]
         return np.matmul(self.us.astype(np.float32), self.vt.astype(np.float32)).transpose(1, 0, 2)
+
+    def rebuild_f16(self) -> np.ndarray:
+        """float16 [L, n_head_kv, d]: the rows as the device cache holds them (int8 rows widened natively)."""
+        if self.q8 is not None:
+            return native.q8_to_f16(self.q8, self.scale, self.per_token)
+        if self.raw is not None:
+            return self.raw
+        return native.f32_to_f16(self.rebuild())
 
 
 @dataclass
@@ -69,8 +94,18 @@ def energy_rank(s: np.ndarray, energy: float) -> np.ndarray:
     return np.maximum(1, (e < need).sum(axis=-1) + 1)
 
 
-def factorize(mats: list[np.ndarray], config: SekvConfig) -> list[Factors]:
-    """Factors of each span's rows mats[i] f32 [L_i, n_head_kv, d], all from one batched LAPACK call.
+def quantize(m: np.ndarray, per_token: bool) -> Factors:
+    """int8 codes of rows m f32 [L, Hkv, d], symmetric, with one f32 scale per channel (over the span's tokens:
+    [Hkv, d]) or per token (over its channels: [L, Hkv])."""
+    amax = np.abs(m).max(axis=2) if per_token else np.abs(m).max(axis=0)  # [L, Hkv] | [Hkv, d]
+    scale = (np.where(amax > 0, amax, 1.0) / 127.0).astype(np.float32)
+    codes = np.rint(m / (scale[:, :, None] if per_token else scale[None])).clip(-127, 127).astype(np.int8)
+    return Factors(us=None, vt=None, raw=None, q8=codes, scale=scale, per_token=per_token)
+
+
+def factorize(mats: list[np.ndarray], config: SekvConfig, values: bool = False) -> list[Factors]:
+    """Factors of each span's rows mats[i] f32 [L_i, n_head_kv, d] (keys, or ``values``), all from one batched
+    LAPACK call; the rows themselves (fp16 or int8, ``config.host_format``) where factors would not be smaller.
 
     The SVD A = U S Vᵀ of a span (L <= span_max rows, d columns, L << d) comes from the symmetric eigenproblem of its
     Gram matrix A Aᵀ = U S² Uᵀ (numpy's stacked ``eigh``, LAPACK syevd, in float64), which is ~100x faster here than
@@ -85,12 +120,16 @@ def factorize(mats: list[np.ndarray], config: SekvConfig) -> list[Factors]:
     w, u = np.linalg.eigh(gram)  # ascending eigenvalues
     s = np.sqrt(np.maximum(w[..., ::-1], 0.0))  # [B, Hkv, Lmax] singular values, descending
     u = u[..., ::-1]  # [B, Hkv, Lmax, Lmax] matching left singular vectors
-    ranks = energy_rank(s, config.energy).max(axis=1)  # [B] one rank for all heads of a span
+    energy = config.energy_v if values and config.energy_v is not None else config.energy
+    ranks = energy_rank(s, energy).max(axis=1)  # [B] one rank for all heads of a span
+    q8 = config.host_format == "q8"
     out: list[Factors] = []
     for i, m in enumerate(mats):
         length, r = m.shape[0], int(ranks[i])
-        if r > config.r_max or r * (length + d) >= length * d:
-            out.append(Factors(us=None, vt=None, raw=m.astype(np.float16)))
+        # bytes per head: fp16 factors 2r(L + d); rows 2Ld (fp16) or Ld + 4d (int8 + K scales) / Ld + 4L (V)
+        rows_bytes = length * d + 4 * (length if values else d) if q8 else 2 * length * d
+        if r > config.r_max or 2 * r * (length + d) >= rows_bytes:
+            out.append(quantize(m, per_token=values) if q8 else Factors(us=None, vt=None, raw=m.astype(np.float16)))
             continue
         ui = u[i, :, :length, :r]  # [Hkv, L, r]
         si = np.maximum(s[i, :, :r], 1e-30)  # [Hkv, r]

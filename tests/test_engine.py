@@ -155,3 +155,24 @@ def test_elastic_window_takes_the_free_cells_and_gives_them_back(llama_model, pr
     assert short["room"] > long["room"] >= long["window"]  # and gives them back as spans arrive
     assert long["spans"] > short["spans"] > 0
     assert used > 0.7 * 768  # the budget is put to use (less a chunk and a span or two of room)
+
+
+def test_q8_host_tier_about_halves_host_bytes(llama_model):
+    """host_format="q8": the spans' stored rows become int8 (+ scales): the same spans in about half the host
+    bytes, every zoom rebuilt from them, the next-token distribution close to the f16 tier's."""
+    toks = _tokens(llama_model, 9000, offset=700)[:1500]
+
+    def run(fmt: str):
+        policy = make_policy("sekv", llama_model, len(toks) + 8, budget=BudgetConfig(kv_budget=512, chunk=128),
+                             params=SekvConfig(host_format=fmt, prefill="streaming", elastic_window=False))
+        try:
+            logits = policy.prefill(toks)
+            return logits, policy.stats()
+        finally:
+            policy.close()
+
+    (l16, s16), (l8, s8) = run("f16"), run("q8")
+    assert s8["sekv"]["spans"] == s16["sekv"]["spans"] > 10 and s8["sekv"]["zooms_per_step"] > 0
+    assert s8["host_kv_bytes"] < 0.65 * s16["host_kv_bytes"]
+    p16, p8 = (np.exp(x - x.max()) / np.exp(x - x.max()).sum() for x in (l16.astype(np.float64), l8.astype(np.float64)))
+    assert float(np.sum(p16 * np.log(p16 / p8))) < 0.05

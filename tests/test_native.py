@@ -81,9 +81,12 @@ def test_span_mass_equals_numpy_attention_logsumexp():
         mats.append(m.astype(np.float32))
     factors = factorize(mats, SekvConfig(energy=0.9999, r_max=16))
     assert any(f.raw is None for f in factors) and any(f.raw is not None for f in factors)
+    q8 = factorize(mats[:4], SekvConfig(energy=0.9999, r_max=16, host_format="q8"))  # int8 rows with scales
+    assert any(f.q8 is not None for f in q8)
+    factors += q8
     table = native.SpanTable(n_head_kv, d)
-    for m, f in zip(mats, factors):
-        table.append(m.shape[0], f.raw, f.us, f.vt)
+    for m, f in zip(mats + mats[:4], factors):
+        table.append(m.shape[0], f.raw, f.us, f.vt, f.q8, f.scale)
     q = (rng.standard_normal((n_head, d)) * 0.3).astype(np.float32)
     got = native.span_mass(q, table)
     want = []
@@ -95,7 +98,9 @@ def test_span_mass_equals_numpy_attention_logsumexp():
     sub = np.array([7, 2, 2])
     np.testing.assert_array_equal(native.span_mass(q, table, sub), got[sub])
     with pytest.raises(NativeError, match="subset"):
-        native.span_mass(q, table, np.array([9]))
+        native.span_mass(q, table, np.array([13]))
+    with pytest.raises(NativeError, match="int8 span rows"):
+        table.append(3, None, None, None, np.zeros((3, n_head_kv, d), np.int8), np.ones(d, np.float32))
     with pytest.raises(NativeError, match="query must be"):
         native.span_mass(q[:, :16], table)
     with pytest.raises(NativeError, match="factors have shapes"):
@@ -131,3 +136,24 @@ def test_native_sources_under_address_sanitizer(tmp_path):
                          env={"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stdout + run.stderr
     assert "all checks passed" in run.stdout
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_int8_rows_widen_as_numpy_and_keep_their_error_bound(per_token):
+    """q8_to_f16 is codes * scale rounded to f16; quantize's error is at most half a scale step per element."""
+    from sekv_gguf.spans import quantize
+
+    rng = np.random.default_rng(5)
+    m = (rng.standard_normal((40, 2, 64)) * rng.uniform(0.1, 8, 64)).astype(np.float32)  # outlier channels
+    f = quantize(m, per_token=per_token)
+    assert f.q8.dtype == np.int8 and f.per_token == per_token
+    assert f.scale.shape == ((40, 2) if per_token else (2, 64))
+    scale = f.scale[:, :, None] if per_token else f.scale[None]
+    np.testing.assert_array_equal(native.q8_to_f16(f.q8, f.scale, per_token),
+                                  (f.q8.astype(np.float32) * scale).astype(np.float16))
+    assert (np.abs(f.rebuild() - m) <= scale / 2 + 1e-3 * np.abs(m) + 1e-6).all()
+    assert f.nbytes < 0.6 * m.astype(np.float16).nbytes  # int8 codes + f32 scales (per channel: 4 B / 40 rows)
+    with pytest.raises(NativeError, match="scales"):
+        native.q8_to_f16(f.q8, f.scale[:1], per_token)
+    with pytest.raises(NativeError, match="int8"):
+        native.q8_to_f16(f.q8.astype(np.int16), f.scale, per_token)

@@ -106,7 +106,9 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
             only = getattr(router, "candidates", None) == 0  # a trained score without exact-mass verification
             return f"sekv-{router.name}" + ("-only" if only else "")
         score = cfg.sekv.get("router", SekvConfig.router)
-        return name if score == SekvConfig.router else f"sekv-{score}"
+        parts = ([score] if score != SekvConfig.router else []) + [f"{k}={v}" for k, v in cfg.sekv.items()
+                                                                    if k != "router"]
+        return "-".join([name, *parts])
 
     for length in cfg.lengths:
         for task in cfg.tasks:

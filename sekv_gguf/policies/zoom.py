@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 
-from .. import native
 from ..hook import KVHook
 from ..spans import Span
 
@@ -99,9 +98,9 @@ class ZoomSlots:
             idx = free[: span.length]
             taken[idx] = True
             cells = self.slots[idx]
-            k = span.k[ikv].rebuild().reshape(span.length, -1)           # [L, Hkv*d]
-            v = span.v[ikv].rebuild().reshape(span.length, -1)
-            hook.set_rows(ikv, cells, native.f32_to_f16(k), native.f32_to_f16(v))
+            k = span.k[ikv].rebuild_f16().reshape(span.length, -1)       # [L, Hkv*d] f16
+            v = span.v[ikv].rebuild_f16().reshape(span.length, -1)
+            hook.set_rows(ikv, cells, k, v)
             hook.set_bias_cells(ikv, cells, 0.0)
             if span.summary_cell >= 0:
                 hook.set_bias_cells(ikv, [span.summary_cell], NEG_INF)

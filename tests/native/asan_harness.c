@@ -48,7 +48,7 @@ int main(void) {
     sekv_init();
     uint16_t * hv = xmalloc(65536 * sizeof(uint16_t));
     for (int i = 0; i < 65536; ++i) hv[i] = (uint16_t) i;
-    const uint16_t ** hp = xmalloc(65536 * sizeof(*hp));
+    const void ** hp = xmalloc(65536 * sizeof(*hp));
     int32_t * one = xmalloc(65536 * sizeof(int32_t));
     int32_t * zero = xmalloc(65536 * sizeof(int32_t));
     float * wide = xmalloc(65536 * sizeof(float));
@@ -80,9 +80,9 @@ int main(void) {
     for (int i = 0; i < 4; ++i) vt[i] = 0x3800u;            /* 0.5 */
     float qm[8] = { 1, 0, 0, 0,   0, 0, 0, 2 };
     int32_t ln[2] = { 3, 2 }, rk[2] = { 0, 1 }, rk_bad[2] = { 0, 3 };
-    const uint16_t * pa[2] = { raw, us };
-    const uint16_t * pb[2] = { raw, vt };
-    const uint16_t * pnull[2] = { raw, NULL };
+    const void * pa[2] = { raw, us };
+    const void * pb[2] = { raw, vt };
+    const void * pnull[2] = { raw, NULL };
     float ms[4];                                            /* [span, head] */
     EXPECT(sekv_span_mass(qm, 2, 1, 4, 2, ln, rk, pa, pb, ms) == SEKV_N_OK);
     EXPECT(fabsf(ms[0] - (1.0f + logf(3.0f))) < 1e-5f);      /* head 0: logits 1, 1, 1 */
@@ -94,6 +94,29 @@ int main(void) {
     EXPECT(sekv_span_mass(qm, 2, 1, 4, 2, ln, rk, pa, pnull, ms) == SEKV_N_ERR_NULL);
     EXPECT(sekv_span_mass(qm, 2, 1, 0, 2, ln, rk, pa, pb, ms) == SEKV_N_ERR_SIZE);
     EXPECT(sekv_span_mass(qm, 2, 1, 4, 0, ln, rk, pa, pb, ms) == SEKV_N_OK);
+    /* int8 span [2, 1, 4]: codes 1 and 2 at scale 0.5 per channel -> keys 0.5 and 1.0 everywhere */
+    int8_t * q8 = xmalloc(8);
+    for (int i = 0; i < 8; ++i) q8[i] = (int8_t) (i < 4 ? 1 : 2);
+    float * q8s = xmalloc(4 * sizeof(float));
+    for (int i = 0; i < 4; ++i) q8s[i] = 0.5f;
+    const void * qa[1] = { q8 };
+    const void * qb[1] = { q8s };
+    const void * qnull[1] = { NULL };
+    int32_t ln8[1] = { 2 }, rk8[1] = { SEKV_RANK_Q8 }, rk8_bad[1] = { -2 };
+    EXPECT(sekv_span_mass(qm, 2, 1, 4, 1, ln8, rk8, qa, qb, ms) == SEKV_N_OK);
+    EXPECT(fabsf(ms[0] - logf(expf(0.5f) + expf(1.0f))) < 1e-5f);     /* head 0: q = e0 */
+    EXPECT(fabsf(ms[1] - logf(expf(1.0f) + expf(2.0f))) < 1e-5f);     /* head 1: q = 2 e3 */
+    EXPECT(sekv_span_mass(qm, 2, 1, 4, 1, ln8, rk8_bad, qa, qb, ms) == SEKV_N_ERR_SIZE);
+    EXPECT(sekv_span_mass(qm, 2, 1, 4, 1, ln8, rk8, qa, qnull, ms) == SEKV_N_ERR_NULL);
+    uint16_t h8[8];
+    EXPECT(sekv_q8_to_f16(q8, q8s, 2, 1, 4, 0, h8) == SEKV_N_OK);
+    EXPECT(h8[0] == 0x3800u && h8[7] == 0x3c00u);              /* 0.5, 1.0 */
+    float tok[2] = { 1.0f, 0.25f };                             /* per token */
+    EXPECT(sekv_q8_to_f16(q8, tok, 2, 1, 4, 1, h8) == SEKV_N_OK);
+    EXPECT(h8[0] == 0x3c00u && h8[7] == 0x3800u);              /* 1*1, 2*0.25 */
+    EXPECT(sekv_q8_to_f16(q8, tok, -1, 1, 4, 1, h8) == SEKV_N_ERR_SIZE);
+    EXPECT(sekv_q8_to_f16(NULL, tok, 2, 1, 4, 1, h8) == SEKV_N_ERR_NULL);
+    free(q8); free(q8s);
     /* attention mass: the 3 raw rows (all 1.0) get 1/3 each from each of the 2 heads */
     float * scr = xmalloc(3 * sizeof(float));
     float am[3] = { 0, 0, 0 };
