@@ -176,3 +176,16 @@ def test_q8_host_tier_about_halves_host_bytes(llama_model):
     assert s8["host_kv_bytes"] < 0.65 * s16["host_kv_bytes"]
     p16, p8 = (np.exp(x - x.max()) / np.exp(x - x.max()).sum() for x in (l16.astype(np.float64), l8.astype(np.float64)))
     assert float(np.sum(p16 * np.log(p16 / p8))) < 0.05
+
+
+def test_last_prompt_chunk_holds_the_refreshed_tail():
+    from sekv_gguf.policies.prefill import chunk_starts
+
+    assert chunk_starts(1000, 256, 32) == [0, 256, 512, 768]
+    assert chunk_starts(1027, 256, 32) == [0, 256, 512, 768, 995]   # 3 tokens left: the last chunk takes 32
+    assert chunk_starts(20, 256, 32) == [0]
+    assert chunk_starts(258, 16, 32) == list(range(0, 256, 16)) + [242]  # a chunk never exceeds its size
+    for n in range(1, 600, 7):
+        s = chunk_starts(n, 64, 32)
+        sizes = np.diff(s + [n])
+        assert s[0] == 0 and (sizes > 0).all() and (sizes <= 64).all() and sizes[-1] >= min(32, n)

@@ -74,6 +74,18 @@ def _window(policy: Any, n: int) -> int:
     return max(plan.window, plan.cells - held - plan.chunk - config.span_min - config.span_max)
 
 
+def chunk_starts(n: int, size: int, tail: int) -> list[int]:
+    """Start offsets of the chunks ``n`` prompt tokens stream through (at most ``size`` each), the last one holding
+    at least ``min(tail, size, n)`` tokens: on iSWA models the tail refresh re-decodes at most the last chunk (the
+    sliding-window cache reaches back only that far), so a prompt whose length left a few tokens for its last chunk
+    would have its question seen by the zoom only in part."""
+    starts = list(range(0, n, size))
+    tail = min(tail, size, n)
+    if len(starts) > 1 and n - starts[-1] < tail:
+        starts[-1] = n - tail
+    return starts
+
+
 def refresh_tail(policy: Any, tokens: list[int]) -> np.ndarray:
     """Decode the last ``refresh_tokens`` prompt tokens of ``policy`` (a ``SekvPolicy``) again, now that the router
     has zoomed in for the prompt's end: the question at the end of a long prompt then reads the rebuilt spans, not

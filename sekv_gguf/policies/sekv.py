@@ -31,7 +31,7 @@ from ..session import Session
 from ..span_store import SpanStore, single_threaded_blas
 from .base import Policy
 from .budget import BudgetPlan
-from .prefill import prefill_exact, refresh_tail
+from .prefill import chunk_starts, prefill_exact, refresh_tail
 from .rollback import truncate
 from .window import Window
 from .zoom import ZoomSlots
@@ -123,8 +123,9 @@ class SekvPolicy(Policy):
         if self.config.prefill == "exact" and not self.plan.fits and self.segmenter.scored and not self.tokens:
             return prefill_exact(self, tokens)
         logits = None
-        for c0 in range(0, len(tokens), self.plan.chunk):
-            chunk = tokens[c0:c0 + self.plan.chunk]
+        starts = chunk_starts(len(tokens), self.plan.chunk, self.config.refresh_tokens)
+        for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
+            chunk = tokens[c0:c1]
             self._maintain(len(chunk))  # room for the chunk (an elastic window may have filled the budget)
             logits = self._decode(chunk, scored=not self.plan.fits and self.segmenter.scored)
             self.last_ubatch = len(chunk)
