@@ -1,0 +1,123 @@
+"""A needle in a long natural document, with the engine's decisions traced: where the needle's tokens went (anchor,
+span, window), whether its span is zoomed in each hooked layer after the first routing and at every later step,
+and whether the answer holds the value — for full KV and sekv at a few budgets and routers. Writes JSON.
+
+The case a new user tries: ~28K tokens of Python documentation prose, one plain sentence holding a 7-digit value at
+depth 0.3, the question at the end.
+
+    .venv/bin/python scripts/long_needle.py --tokens 28000 --budgets 0.1 0.2 --routers index mass
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
+from sekv_gguf.documents import stdlib_prose
+from sekv_gguf.engine import make_policy
+from sekv_gguf.models import default_model_path
+from sekv_gguf.provenance import commit, machine
+from sekv_gguf.session import load_model
+
+QUESTION = "\n\nQuestion: What is the access code of the blue archive?\nAnswer: The access code of the blue archive is"
+
+
+def build(model, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str, tuple[int, int]]:
+    """Prompt tokens, the value, and the needle sentence's token range."""
+    value = str(random.Random(seed).randint(1_000_000, 9_999_999))
+    needle = f" The access code of the blue archive is {value}."
+    prose = stdlib_prose()
+    start = (seed * 7919) % len(prose)
+    text = (prose[start:] + prose[:start]) * (1 + 6 * n_tokens // len(prose))
+    tok = lambda s: model.tokenize(s.encode(), add_bos=True, special=False)  # noqa: E731
+    lo, hi = 0, len(text)
+    while hi - lo > 200:  # the longest prefix of the prose that fits with the needle and the question
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if len(tok(text[:mid] + needle + QUESTION)) <= n_tokens else (lo, mid)
+    body = text[:lo]
+    cut = body.find(". ", int(depth * len(body))) + 1  # a sentence boundary at the depth
+    prompt = body[:cut] + needle + body[cut:] + QUESTION
+    a, b = len(tok(body[:cut])), len(tok(body[:cut] + needle))
+    return tok(prompt), value, (a - 1, b + 1)
+
+
+def trace(model, tokens: list[int], value: str, needle: tuple[int, int], name: str, budget: float | None,
+          params: SekvConfig | None, n_predict: int, threads: int) -> dict:
+    n_ctx = len(tokens) + n_predict
+    policy = make_policy(name, model, n_ctx, ContextConfig(n_threads=threads), BudgetConfig(kv_budget=budget or 1.0),
+                         params)
+    t0 = time.perf_counter()
+    row: dict = {"policy": name, "budget": budget, "router": params.router if params else None}
+    try:
+        logits = policy.prefill(tokens)
+        row["prefill_s"] = time.perf_counter() - t0
+        where, ids = _where(policy, needle)
+        row["needle_tokens"] = where
+        resident = lambda: [bool(set(ids) & set(r)) for r in policy.zoom.resident] if ids else []  # noqa: E731
+        row["zoomed_after_prefill"] = resident() if hasattr(policy, "zoom") else None
+        steps, out = [], []
+        for i in range(n_predict):
+            tok = int(np.argmax(logits))
+            out.append(tok)
+            logits = policy.step(tok)
+            if hasattr(policy, "zoom"):
+                steps.append(resident())
+        row["zoomed_per_step"] = steps
+        row["text"] = b"".join(policy.session.piece(t) for t in out).decode("utf-8", "replace")
+        row["found"] = value in row["text"]
+        stats = policy.stats()
+        row["sekv"] = stats.get("sekv")
+    finally:
+        policy.close()
+    return row
+
+
+def _where(policy, needle: tuple[int, int]) -> tuple[dict, list[int]]:
+    """How many needle tokens are anchors, sinks, in the window or in spans, and the ids of those spans."""
+    pos = set(range(*needle))
+    if not hasattr(policy, "store"):
+        return {"resident": len(pos)}, []
+    ids = [s.id for s in policy.store.spans if pos & set(s.positions.tolist())]
+    in_spans = sum(len(pos & set(s.positions.tolist())) for s in policy.store.spans)
+    return {"anchors": len(pos & set(policy.anchors)), "window": len(pos & set(policy.window.pos.tolist())),
+            "spans": in_spans, "span_ids": ids}, ids
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=28000)
+    ap.add_argument("--depth", type=float, default=0.3)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.2])
+    ap.add_argument("--routers", nargs="+", default=["index", "mass"])
+    ap.add_argument("--no-full", action="store_true")
+    ap.add_argument("-n", "--n-predict", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="bench/long-needle.json")
+    args = ap.parse_args()
+    model = load_model(str(default_model_path()))
+    rows = []
+    for seed in args.seeds:
+        tokens, value, needle = build(model, args.tokens, args.depth, seed)
+        runs = [] if args.no_full else [("full", None, None)]
+        runs += [("sekv", b, SekvConfig(router=r)) for b in args.budgets for r in args.routers]
+        for name, budget, params in runs:
+            row = trace(model, tokens, value, needle, name, budget, params, args.n_predict, args.threads)
+            row.update({"seed": seed, "tokens": len(tokens), "value": value, "needle": list(needle)})
+            rows.append(row)
+            print(json.dumps({k: row.get(k) for k in ("seed", "policy", "budget", "router", "found", "text",
+                                                      "needle_tokens", "zoomed_after_prefill", "prefill_s")}),
+                  flush=True)
+            Path(args.out).write_text(json.dumps({"machine": machine(), "commit": commit(), "params": vars(args),
+                                                  "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
