@@ -151,6 +151,9 @@ class SekvConfig:
     verify_candidates: for the two-stage routers (index, trained), the non-resident spans they propose first per
         layer whose exact attention mass (from the host factors) then orders them with the resident ones;
         0: the proposal alone.
+    prompt_scan: the routing right after a prompt (its question has just arrived; the first, decisive choice) ranks
+        every span by exact mass instead of a two-stage router's proposal: one pass over the host rows per prompt,
+        as the prefill that wrote them made; decode-step routing keeps its bounded reads.
     block_tokens: tokens per block of the routing index (one mean key per block, span, layer and KV head).
     prefill: "streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size
         context, then compression), or "auto" (streaming; a prompt that fits the budget is full KV anyway).
@@ -178,6 +181,7 @@ class SekvConfig:
     prefill: str = "auto"
     router: str = "index"
     verify_candidates: int = 16
+    prompt_scan: bool = True
     block_tokens: int = 16
     route_every: int = 4
     max_new_zooms: int = 2

@@ -58,6 +58,7 @@ class Router(ABC):
     label: str = "training-free"  # what a run reports as its router
     sketch: SketchShape | None = None  # the key sketches the router reads (None: it reads none)
     reads_all_host_rows = False  # the score reads every host K row of the store
+    two_stage = False  # proposes and verifies a bounded candidate set (``verify``)
 
     @abstractmethod
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
@@ -148,6 +149,7 @@ class IndexRouter(Router):
     others by exact mass."""
 
     name = "index"
+    two_stage = True
 
     def __init__(self, candidates: int = SekvConfig.verify_candidates):
         if candidates < 0:
@@ -204,6 +206,7 @@ class TrainedRouter(Router):
     the host factors (``verify``), ahead of all others."""
 
     name = "trained"
+    two_stage = True
 
     def __init__(self, adapter: "RouterAdapter", path: str = "",
                  candidates: int = SekvConfig.verify_candidates):

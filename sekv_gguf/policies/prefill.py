@@ -35,7 +35,7 @@ def prefill_exact(policy: Any, tokens: list[int]) -> np.ndarray:
     finally:
         full.close()
     if len(policy.store):
-        policy.route(queries)
+        policy.route(queries, prompt=True)
     logits = refresh_tail(policy, tokens)
     policy.phase = "decode"
     return logits

@@ -25,7 +25,7 @@ import numpy as np
 from .. import native
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..errors import BudgetError
-from ..router import Router, training_free
+from ..router import LowRankMassRouter, Router, training_free
 from ..segment import Segmenter
 from ..session import Session
 from ..span_store import SpanStore, single_threaded_blas
@@ -87,7 +87,9 @@ class SekvPolicy(Policy):
         self.carry_signal: float | None = None  # the signal of the next token when its logits are gone (rollback)
         # routing: calls, seconds (all / during decode steps), K rows read from the host tier and the device
         self.counters = {"route_calls": 0, "compress_s": 0.0, "zoom_s": 0.0, "step_route_s": 0.0,
-                         "host_rows": 0, "device_rows": 0}
+                         **{f"{kind}_{what}": 0 for kind in ("prompt", "step")
+                            for what in ("routes", "host_rows", "device_rows")}}
+        self.scan_router = LowRankMassRouter()  # exact mass over every span: the prompt routing's (prompt_scan)
         self._init_done()
 
     # -- decoding ----------------------------------------------------------------------------------------------
@@ -134,7 +136,7 @@ class SekvPolicy(Policy):
             self.notify()
         if len(self.store):
             changes = self.zoom.changes
-            self.route()
+            self.route(prompt=True)
             if self.config.zoom_lag_refresh and self.zoom.changes != changes:  # the tail saw other spans
                 logits = refresh_tail(self, tokens)
         return logits
@@ -223,18 +225,25 @@ class SekvPolicy(Policy):
     # -- routing -----------------------------------------------------------------------------------------------
 
     @single_threaded_blas
-    def route(self, queries: list[np.ndarray] | None = None) -> None:
-        """Zoom per layer into the best-scoring spans for the captured (or given) queries."""
+    def route(self, queries: list[np.ndarray] | None = None, prompt: bool = False) -> None:
+        """Zoom per layer into the best-scoring spans for the captured (or given) queries. ``prompt``: the routing
+        right after a prompt, where its question has just arrived: new zooms are not capped, and with
+        ``prompt_scan`` a two-stage router gives way to exact mass over every span (one pass over the host rows
+        per prompt, as the prefill that wrote them made)."""
         t0 = time.perf_counter()
+        kind = "prompt" if prompt else "step"
         self.counters["route_calls"] += 1
+        self.counters[f"{kind}_routes"] += 1
+        router = self.scan_router if prompt and self.config.prompt_scan and self.router.two_stage else self.router
         rebuilt = self.zoom.rebuilt_rows
         for ikv in range(self.n_layer):
             query = self.session.hook.query(ikv) if queries is None else queries[ikv]
-            ranking = self.router.rank(ikv, query, self.store, self.zoom)
-            self.counters["host_rows"] += ranking.host_rows
-            self.counters["device_rows"] += ranking.device_rows
-            self.zoom.zoom(ikv, self.zoom.choose(ranking.scores, self.store.lengths), self.store.spans, self.steps)
-        self.counters["host_rows"] += self.zoom.rebuilt_rows - rebuilt  # the new zooms' host rows
+            ranking = router.rank(ikv, query, self.store, self.zoom)
+            self.counters[f"{kind}_host_rows"] += ranking.host_rows
+            self.counters[f"{kind}_device_rows"] += ranking.device_rows
+            self.zoom.zoom(ikv, self.zoom.choose(ranking.scores, self.store.lengths), self.store.spans, self.steps,
+                           capped=not prompt)
+        self.counters[f"{kind}_host_rows"] += self.zoom.rebuilt_rows - rebuilt  # the new zooms' host rows
         self.counters["zoom_s"] += time.perf_counter() - t0
 
     # -- stats -------------------------------------------------------------------------------------------------
@@ -243,7 +252,8 @@ class SekvPolicy(Policy):
         out = super().stats()
         mean_rank, raw_share = self.store.rank_stats()
         calls = max(self.counters["route_calls"], 1)
-        layer_calls = calls * max(self.n_layer, 1)
+        per_layer = lambda kind, what: (self.counters[f"{kind}_{what}"]  # noqa: E731
+                                        / max(self.counters[f"{kind}_routes"] * self.n_layer, 1))
         out.update({
             "host_kv_bytes": self.store.host_bytes,
             self.stats_key: {
@@ -263,8 +273,9 @@ class SekvPolicy(Policy):
                 "compress_s": self.counters["compress_s"],
                 "zoom_s": self.counters["zoom_s"],
                 "index_bytes": self.store.index_bytes,
-                "host_rows_read_per_route": self.counters["host_rows"] / layer_calls,
-                "device_rows_read_per_route": self.counters["device_rows"] / layer_calls,
+                "host_rows_read_per_route": per_layer("step", "host_rows"),      # decode-step routing
+                "device_rows_read_per_route": per_layer("step", "device_rows"),
+                "host_rows_read_per_prompt_route": per_layer("prompt", "host_rows"),
                 "route_ms_per_step": 1e3 * self.counters["step_route_s"] / max(self.steps, 1),
             },
         })

@@ -66,9 +66,10 @@ class ZoomSlots:
                 used += int(lengths[sid])
         return chosen
 
-    def zoom(self, ikv: int, chosen: list[int], spans: list[Span], step: int) -> None:
+    def zoom(self, ikv: int, chosen: list[int], spans: list[Span], step: int, capped: bool = True) -> None:
         """Make layer ``ikv`` hold the ``chosen`` spans (score order): those resident stay, new ones are rebuilt
-        from their host factors (at most ``max_new`` after the first step), evicting the least recently chosen."""
+        from their host factors (at most ``max_new`` when ``capped`` — a decode step's routing — after the first
+        step), evicting the least recently chosen."""
         hook, resident, last_use = self.hook, self.resident[ikv], self.last_use[ikv]
         for sid in chosen:
             if sid in resident:
@@ -77,7 +78,7 @@ class ZoomSlots:
         for idx in resident.values():
             taken[idx] = True
         want = [sid for sid in chosen if sid not in resident]
-        if step > 0:
+        if capped and step > 0:
             want = want[: self.max_new]
         need = sum(spans[sid].length for sid in want)
         for sid in sorted((s for s in resident if s not in chosen), key=lambda s: last_use[s]):
