@@ -8,7 +8,8 @@ layer), every router ranks every span (the engine's code: ``sekv_gguf.router``);
 (``mass`` over raw host rows). Metrics at M spans (the zoom capacity of the plan, and ``--m-share`` of the spans):
 
   mass@M     span attention mass (per query head, softmax over spans, mean over heads) of the router's top M,
-             relative to exact mass's top M
+             relative to that of exact mass's top M (ranked, as the engine ranks, by the max over heads: another
+             ranking can hold more mean mass, so this can exceed 1)
   needle@M   over (answer step, layer) where exact mass's top M holds a needle span: share where the router's does
   first@M    needle@M for the last prompt token only
   *-lag      ranked with the previous token's query (what the engine does between routings)
@@ -179,7 +180,7 @@ def plot(result: dict, path: Path) -> None:
     lengths = list(result["lengths"])
     routers = ["mass-lag", "summary", "index", "summary+verify", "index+verify", "index+verify-lag"]
     routers += [r for r in ("trained", "trained+verify") if r in result["lengths"][lengths[0]]["summary"]]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
     for ax, metric in zip(axes, ("mass@share", "needle@share")):
         width = 0.8 / len(routers)
         for j, r in enumerate(routers):
@@ -188,7 +189,7 @@ def plot(result: dict, path: Path) -> None:
         ax.set_xticks(np.arange(len(lengths)) + 0.4 - width / 2, [f"{int(n) // 1024}K" for n in lengths])
         ax.set_title(f"{metric} (M = {result['params']['m_share']:.0%} of spans), relative to exact mass")
         ax.set_ylim(0, 1.05)
-    axes[0].legend(fontsize=7)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
