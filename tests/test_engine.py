@@ -189,3 +189,28 @@ def test_last_prompt_chunk_holds_the_refreshed_tail():
         s = chunk_starts(n, 64, 32)
         sizes = np.diff(s + [n])
         assert s[0] == 0 and (sizes > 0).all() and (sizes <= 64).all() and sizes[-1] >= min(32, n)
+
+
+def test_elastic_window_always_leaves_room_for_the_next_decode(gemma_model):
+    """Every compression leaves the cells the next decode needs, although each summary row and anchor it adds
+    shrinks the elastic window's room (a 28K prompt at 10% once ran out of cells mid-prefill)."""
+    toks = gemma_model.tokenize(prose(6 * 28000).encode(), add_bos=True, special=False)[:28000]
+    policy = make_policy("sekv", gemma_model, len(toks) + 8, budget=BudgetConfig(kv_budget=0.1))
+    short = []
+    maintain = policy._maintain
+
+    def checked(incoming: int) -> None:
+        maintain(incoming)
+        used = int((policy.session.hook.cells_pos() >= 0).sum())
+        if used + incoming > policy.plan.cells:
+            short.append((policy.n_prefilled, used, incoming))
+
+    policy._maintain = checked
+    try:
+        policy.prefill(toks)
+        for _ in range(4):
+            policy.step(1)
+        assert not short, short[:3]
+        assert policy.stats()["sekv"]["window_tokens"] > 2 * policy.plan.window
+    finally:
+        policy.close()

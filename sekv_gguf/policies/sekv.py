@@ -177,10 +177,18 @@ class SekvPolicy(Policy):
         return max(self.plan.window, self.plan.cells - held - incoming - pending)
 
     def _maintain(self, incoming: int) -> None:
-        """Compress what left the window: anchors keep their cells, spans become summaries + host factors."""
-        over = len(self.window) - self.window_room(incoming)
-        if self.plan.fits or over <= 0:
+        """Compress what left the window: anchors keep their cells, spans become summaries + host factors. An
+        elastic window's room shrinks with every summary row and anchor the compression adds: compress again until
+        only tokens waiting for their span are over it (fewer than span_min + span_max, the room's reserve)."""
+        if self.plan.fits:
             return
+        while True:
+            over = len(self.window) - self.window_room(incoming)
+            if over <= 0 or not self._compress_oldest(over) or not self.config.elastic_window:
+                return
+
+    def _compress_oldest(self, over: int) -> bool:
+        """Segment the ``over`` oldest window tokens and compress them; whether any became an anchor or a span."""
         self.irreversible()
         t0 = time.perf_counter()
         w = self.window
@@ -194,6 +202,7 @@ class SekvPolicy(Policy):
         done[seg.pending] = False
         w.keep(np.concatenate([np.flatnonzero(~done), np.arange(over, len(w))]))
         self.counters["compress_s"] += time.perf_counter() - t0
+        return bool(seg.spans) or seg.anchors.size > 0
 
     def compress(self, positions: list[np.ndarray], signal: list[np.ndarray],
                  rows: Callable[[int], tuple[np.ndarray, np.ndarray]], release: np.ndarray | None = None) -> None:
