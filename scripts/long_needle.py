@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sekv_gguf.cli import _sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.engine import make_policy
@@ -53,7 +54,8 @@ def trace(model, tokens: list[int], value: str, needle: tuple[int, int], name: s
     policy = make_policy(name, model, n_ctx, ContextConfig(n_threads=threads), BudgetConfig(kv_budget=budget or 1.0),
                          params)
     t0 = time.perf_counter()
-    row: dict = {"policy": name, "budget": budget, "router": params.router if params else None}
+    row: dict = {"policy": name, "budget": budget, "router": params.router if params else None,
+                 "params": vars(params) if params else None}
     try:
         logits = policy.prefill(tokens)
         row["prefill_s"] = time.perf_counter() - t0
@@ -97,6 +99,7 @@ def main() -> int:
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.2])
     ap.add_argument("--routers", nargs="+", default=["index", "mass"])
     ap.add_argument("--no-full", action="store_true")
+    ap.add_argument("--sekv", action="append", metavar="KEY=VALUE", help="a SekvConfig override (repeatable)")
     ap.add_argument("-n", "--n-predict", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/long-needle.json")
@@ -106,7 +109,8 @@ def main() -> int:
     for seed in args.seeds:
         tokens, value, needle = build(model, args.tokens, args.depth, seed)
         runs = [] if args.no_full else [("full", None, None)]
-        runs += [("sekv", b, SekvConfig(router=r)) for b in args.budgets for r in args.routers]
+        extra = _sekv_overrides(args.sekv or [])
+        runs += [("sekv", b, SekvConfig(router=r, **extra)) for b in args.budgets for r in args.routers]
         for name, budget, params in runs:
             row = trace(model, tokens, value, needle, name, budget, params, args.n_predict, args.threads)
             row.update({"seed": seed, "tokens": len(tokens), "value": value, "needle": list(needle)})
