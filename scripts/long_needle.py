@@ -21,7 +21,7 @@ import numpy as np
 from sekv_gguf.cli import _sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.documents import stdlib_prose
-from sekv_gguf.engine import make_policy
+from sekv_gguf.engine import full_kv_bytes, make_policy
 from sekv_gguf.models import default_model_path
 from sekv_gguf.provenance import commit, machine
 from sekv_gguf.session import load_model
@@ -75,6 +75,9 @@ def trace(model, tokens: list[int], value: str, needle: tuple[int, int], name: s
         row["found"] = value in row["text"]
         stats = policy.stats()
         row["sekv"] = stats.get("sekv")
+        row["host_kv_bytes"] = int(stats.get("host_kv_bytes", 0))
+        row["device_kv_bytes"] = int(stats["device_kv_bytes"])
+        row["full_kv_bytes"] = full_kv_bytes(policy.session, n_ctx, policy.session.config.n_ubatch)
     finally:
         policy.close()
     return row
