@@ -90,6 +90,7 @@ def test_multiturn_cases_go_through_the_lifecycle_api(llama_model):
     assert {r["policy"] for r in result["cases"]} == {"full", "snapkv", "sekv"}
     for r in result["cases"]:
         assert len(r["turn_outputs"]) == 3 and len(r["turn_hits"]) == 3 and r["score"] == sum(r["turn_hits"]) / 3
+        assert all("\x00" not in o and o for o in r["turn_outputs"])  # the tokens' text, as a run prints it
         assert r["device_kv_bytes"] > 0
     full = next(r for r in result["cases"] if r["policy"] == "full")
     sekv = next(r for r in result["cases"] if r["policy"] == "sekv")

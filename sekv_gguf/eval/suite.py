@@ -185,7 +185,6 @@ def _converse(make: Callable[[int], Any], model: Any, case: Any, doc: list[int],
     """A multi-turn case (``case.meta["turns"]``): the document is prefilled with no question, then each turn's
     question is appended through the policy's lifecycle API and answered greedily, the answer staying in the memory
     before the next question. Score: the share of turns whose answer holds its value."""
-    piece = lambda t: model.token_to_piece(t)  # noqa: E731
     turns = [(model.tokenize(t["text"].encode("utf-8"), add_bos=False, special=False), t["answer"])
              for t in case.meta["turns"]]
     per_turn = [max(n_predict, len(model.tokenize((" " + a).encode(), add_bos=False, special=False)) + 8)
@@ -206,7 +205,7 @@ def _converse(make: Callable[[int], Any], model: Any, case: Any, doc: list[int],
                     break
                 out.append(tok)
                 logits = policy.step(tok)
-            outputs.append(b"".join(piece(t) for t in out).decode("utf-8", "replace"))
+            outputs.append(b"".join(policy.session.piece(t) for t in out).decode("utf-8", "replace"))
         stats = policy.stats()
     finally:
         policy.close()
