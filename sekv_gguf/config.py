@@ -141,8 +141,9 @@ class SekvConfig:
         are kept instead, so the relative reconstruction error never exceeds sqrt(1 - energy).
     energy_v: the same for V (None: ``energy``); values need no retrieval precision, keys do.
     r_max: largest rank stored.
-    host_format: how span rows are stored where factors would not be smaller: "f16" (as the device holds them)
-        or "q8" (int8 codes, one f32 scale per channel for K and per token for V: about half the bytes).
+    host_format: how span rows are stored where factors would not be smaller: "q8" (int8 codes, one f32 scale per
+        channel for K and per token for V: about half the bytes of "f16", needles unchanged in the evaluation) or
+        "f16" (as the device holds them: with energy 1 the host tier is then exact).
     router: the training-free score when no trained router is given: "index" (two-stage: the block index
         proposes, the resident spans and ``verify_candidates`` others are ordered by exact mass; bounded reads),
         "mass" (each span's attention mass logsumexp_t q·k_t from its host factors: reads every host row),
@@ -177,7 +178,7 @@ class SekvConfig:
     energy: float = 0.999
     energy_v: float | None = None
     r_max: int = 64
-    host_format: str = "f16"
+    host_format: str = "q8"
     prefill: str = "auto"
     router: str = "index"
     verify_candidates: int = 16

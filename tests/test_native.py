@@ -79,7 +79,7 @@ def test_span_mass_equals_numpy_attention_logsumexp():
         rank = 3 if i % 2 else d  # low-rank spans factorise, full-rank ones stay raw
         m = rng.standard_normal((length, n_head_kv, rank)) @ rng.standard_normal((rank, d))
         mats.append(m.astype(np.float32))
-    factors = factorize(mats, SekvConfig(energy=0.9999, r_max=16))
+    factors = factorize(mats, SekvConfig(energy=0.9999, r_max=16, host_format="f16"))
     assert any(f.raw is None for f in factors) and any(f.raw is not None for f in factors)
     q8 = factorize(mats[:4], SekvConfig(energy=0.9999, r_max=16, host_format="q8"))  # int8 rows with scales
     assert any(f.q8 is not None for f in q8)

@@ -36,7 +36,7 @@ class _Held:
 def test_one_token_blocks_estimate_exact_mass():
     """With one token per block, stage 1's logsumexp over blocks is the span's exact attention mass."""
     rng = np.random.default_rng(0)
-    cfg = SekvConfig(span_min=4, span_max=12, block_tokens=1, energy=1.0)
+    cfg = SekvConfig(span_min=4, span_max=12, block_tokens=1, energy=1.0, host_format="f16")
     store = _store(rng, 30, cfg)
     query = rng.standard_normal((4, 16)).astype(np.float32)
     got = IndexRouter().propose(0, query, store)
