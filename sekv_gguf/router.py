@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-from scipy.special import logsumexp
 
 from . import native
 from .config import SekvConfig
@@ -158,12 +157,15 @@ class IndexRouter(Router):
 
     def propose(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         """Stage-1 scores [n_spans] from the block index."""
-        blocks = store.blocks[ikv]                                        # [S, B, Hkv, d]
-        q = _grouped(query, blocks.shape[2])                              # [Hkv, G, d]
-        logits = np.einsum("sbhd,hgd->sbhg", blocks, q)                   # [S, B, Hkv, G]
-        logits += store.block_logn[:, :, None, None]                      # + log n_b (-inf: padding)
-        lse = logsumexp(logits, axis=1)                                   # [S, Hkv, G]
-        return lse.reshape(lse.shape[0], -1).max(axis=1)                  # [S]
+        blocks = store.blocks[ikv]                                        # [Hkv, S, B, d]
+        n_head_kv, n_spans, n_blocks, d = blocks.shape
+        q = _grouped(query, n_head_kv)                                    # [Hkv, G, d]
+        # per KV head: [S*B, d] @ [d, G] -> [Hkv, S*B, G] -> [Hkv, S, B, G], + log n_b (-inf: padding)
+        logits = np.matmul(blocks.reshape(n_head_kv, n_spans * n_blocks, d), q.transpose(0, 2, 1))
+        logits = logits.reshape(n_head_kv, n_spans, n_blocks, -1) + store.block_logn[None, :, :, None]
+        top = logits.max(axis=2, keepdims=True)                           # [Hkv, S, 1, G] finite: block 0 is real
+        lse = top[:, :, 0] + np.log(np.exp(logits - top).sum(axis=2))     # [Hkv, S, G]
+        return lse.transpose(1, 0, 2).reshape(n_spans, -1).max(axis=1)    # [S]
 
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         return self.rank(ikv, query, store).scores

@@ -44,7 +44,8 @@ class SpanStore:
     keys[ikv]      f32 [S, Hkv, d]   summary keys (weighted mean of the span's keys)
     kmin/kmax[ikv] f32 [S, Hkv, d]   channel-wise min / max of the span's keys
     tables[ikv]    native.SpanTable  pointers to the host K rows (factors or raw) of every span
-    blocks[ikv]    f32 [S, B, Hkv, d] the routing index: mean key of each block of ~``block_tokens`` tokens
+    blocks[ikv]    f32 [Hkv, S, B, d] the routing index: mean key of each block of ~``block_tokens`` tokens
+                                     (per KV head contiguous: one matmul per head scores every block)
     block_logn     f32 [S, B]        log tokens per block (-inf: padding past a span's blocks)
     sketch[ikv]    {field: f64 [S, Hkv, ...]}  key sketches (``SKETCH_FIELDS``), when ``sketch_shape`` is set
     lengths        f32 [S]           tokens per span
@@ -63,7 +64,7 @@ class SpanStore:
         self.kmax = [empty() for _ in range(n_layer)]
         self.tables = [native.SpanTable(n_head_kv, head_dim) for _ in range(n_layer)]
         self.n_blocks = -(-config.span_max // config.block_tokens)  # B: blocks per span (longer spans: longer blocks)
-        self.blocks = [np.zeros((0, self.n_blocks, n_head_kv, head_dim), dtype=np.float32) for _ in range(n_layer)]
+        self.blocks = [np.zeros((n_head_kv, 0, self.n_blocks, head_dim), dtype=np.float32) for _ in range(n_layer)]
         self.block_logn = np.zeros((0, self.n_blocks), dtype=np.float32)
         self.sketch: list[dict[str, np.ndarray]] = [{} for _ in range(n_layer)]
 
@@ -102,11 +103,11 @@ class SpanStore:
             self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean])
             self.kmin[ikv] = np.concatenate([self.kmin[ikv], np.stack([p.min(axis=0) for p in k_parts])])
             self.kmax[ikv] = np.concatenate([self.kmax[ikv], np.stack([p.max(axis=0) for p in k_parts])])
-            blocks = np.zeros((n_new, self.n_blocks, self.n_head_kv, self.head_dim), dtype=np.float32)
+            blocks = np.zeros((self.n_head_kv, n_new, self.n_blocks, self.head_dim), dtype=np.float32)
             for i, (p, split) in enumerate(zip(k_parts, splits)):
                 for b, idx in enumerate(split):
-                    blocks[i, b] = p[idx].mean(axis=0)                   # [Hkv, d]
-            self.blocks[ikv] = np.concatenate([self.blocks[ikv], blocks])
+                    blocks[:, i, b] = p[idx].mean(axis=0)                # [Hkv, d]
+            self.blocks[ikv] = np.concatenate([self.blocks[ikv], blocks], axis=1)
             if self.sketch_shape is not None:
                 add = {f: x.astype(np.float64) for f, x in sketches(k_parts, *self.sketch_shape).items()}
                 have = self.sketch[ikv]
@@ -133,7 +134,7 @@ class SpanStore:
         self.block_logn = self.block_logn[:k]
         for ikv in range(self.n_layer):
             self.keys[ikv], self.kmin[ikv], self.kmax[ikv] = self.keys[ikv][:k], self.kmin[ikv][:k], self.kmax[ikv][:k]
-            self.blocks[ikv] = self.blocks[ikv][:k]
+            self.blocks[ikv] = self.blocks[ikv][:, :k]
             self.tables[ikv] = self.tables[ikv].head(k)
             if self.sketch[ikv]:
                 self.sketch[ikv] = {f: x[:k] for f, x in self.sketch[ikv].items()}

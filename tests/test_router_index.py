@@ -50,7 +50,7 @@ def test_blocks_cover_each_span_once():
     store = _store(rng, 20, cfg)
     sizes = np.exp(store.block_logn)                                      # [S, B] (0 for padding)
     np.testing.assert_allclose(sizes.sum(axis=1), store.lengths, rtol=1e-5)
-    assert store.blocks[0].shape == (20, 3, 2, 16) and np.isfinite(store.block_logn[:, 0]).all()
+    assert store.blocks[0].shape == (2, 20, 3, 16) and np.isfinite(store.block_logn[:, 0]).all()
     assert store.index_bytes == (store.blocks[0].size + store.block_logn.size) * 2
 
 
