@@ -108,6 +108,21 @@ class SpanTable:
         out.len, out.rank, out.a, out.b = self.len[:k].copy(), self.rank[:k].copy(), self.a[:k].copy(), self.b[:k].copy()
         return out
 
+    @classmethod
+    def of_rows(cls, rows: list[np.ndarray], n_head_kv: int, head_dim: int) -> "SpanTable":
+        """A table of spans given as raw f16 rows [L_i, Hkv, d] each (built in one pass: the resident spans a
+        two-stage router judges on every routing call)."""
+        out = cls(n_head_kv, head_dim)
+        arrays = [np.ascontiguousarray(r, dtype=np.float16) for r in rows]
+        if any(a.ndim != 3 or a.shape[1:] != (n_head_kv, head_dim) or not a.shape[0] for a in arrays):
+            raise NativeError(f"raw span rows must be [L > 0, {n_head_kv}, {head_dim}]")
+        out._arrays = [a for a in arrays for _ in (0, 1)]  # two per span, as append keeps them
+        out.len = np.array([a.shape[0] for a in arrays], dtype=np.int32)
+        out.rank = np.zeros(len(arrays), dtype=np.int32)
+        out.a = np.array([a.ctypes.data for a in arrays], dtype=np.uintp)
+        out.b = out.a.copy()
+        return out
+
     def append(self, length: int, raw: np.ndarray | None, us: np.ndarray | None, vt: np.ndarray | None,
                q8: np.ndarray | None = None, scale: np.ndarray | None = None) -> None:
         """raw f16 [L, Hkv, d], or us f16 [Hkv, L, r] with vt f16 [Hkv, r, d], or q8 int8 [L, Hkv, d] with its

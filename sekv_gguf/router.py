@@ -126,9 +126,7 @@ def verify(ikv: int, query: np.ndarray, store: SpanStore, proposed: np.ndarray, 
     ids = np.concatenate([np.fromiter(held, dtype=np.int64, count=len(held)), host]).astype(np.int64)
     mass = np.empty(ids.size)                                          # [len(held) + len(host)]
     if held:
-        table = native.SpanTable(store.n_head_kv, store.head_dim)
-        for rows in held.values():
-            table.append(rows.shape[0], rows, None, None)
+        table = native.SpanTable.of_rows(list(held.values()), store.n_head_kv, store.head_dim)
         mass[:len(held)] = native.span_mass(query, table).max(axis=1)
     if host.size:
         mass[len(held):] = native.span_mass(query, store.tables[ikv], host).max(axis=1)

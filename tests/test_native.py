@@ -99,6 +99,14 @@ def test_span_mass_equals_numpy_attention_logsumexp():
     np.testing.assert_array_equal(native.span_mass(q, table, sub), got[sub])
     with pytest.raises(NativeError, match="subset"):
         native.span_mass(q, table, np.array([13]))
+    raw = [f.raw for f in factors if f.raw is not None]
+    one_pass = native.SpanTable.of_rows(raw, n_head_kv, d)
+    each = native.SpanTable(n_head_kv, d)
+    for r in raw:
+        each.append(r.shape[0], r, None, None)
+    np.testing.assert_array_equal(native.span_mass(q, one_pass), native.span_mass(q, each))
+    with pytest.raises(NativeError, match="raw span rows must be"):
+        native.SpanTable.of_rows([raw[0][:, :1]], n_head_kv, d)
     with pytest.raises(NativeError, match="int8 span rows"):
         table.append(3, None, None, None, np.zeros((3, n_head_kv, d), np.int8), np.ones(d, np.float32))
     with pytest.raises(NativeError, match="query must be"):
