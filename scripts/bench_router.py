@@ -22,21 +22,10 @@ from threadpoolctl import threadpool_limits
 from sekv_gguf.adapter import read_adapter
 from sekv_gguf.config import SekvConfig
 from sekv_gguf.provenance import commit, machine
-from sekv_gguf.router import IndexRouter, LowRankMassRouter, Router, TrainedRouter
+from sekv_gguf.router import HeldSpans, IndexRouter, LowRankMassRouter, Router, TrainedRouter
 from sekv_gguf.span_store import SpanStore
 
 SHAPES = {"gemma3-270m": (4, 1, 256), "8b": (32, 8, 128)}  # query heads, KV heads, head dim
-
-
-class _Resident:
-    """Resident spans with their device rows already at hand (what the zoom slots hold)."""
-
-    def __init__(self, store: SpanStore, ids: np.ndarray, capacity: int):
-        self.capacity = capacity
-        self._keys = {int(s): store.spans[int(s)].k[0].rebuild().astype(np.float16) for s in ids}
-
-    def keys(self, ikv: int) -> dict[int, np.ndarray]:
-        return self._keys
 
 
 def make_store(rng: np.random.Generator, n: int, length: int, n_head_kv: int, d: int, sketch) -> SpanStore:
@@ -80,7 +69,7 @@ def main() -> int:
                 capacity = int(args.zoom_share * tokens)
                 index = IndexRouter()
                 held = np.argsort(-index.propose(0, query, store))[:capacity // args.span_len]
-                resident = _Resident(store, held, capacity)
+                resident = HeldSpans(store, held, capacity)  # rows rebuilt once, at the warm-up call
                 routers = {"mass": LowRankMassRouter(), "index": index}
                 if gemma:
                     routers["trained+verify"] = TrainedRouter(a)

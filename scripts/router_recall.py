@@ -36,20 +36,11 @@ from sekv_gguf.eval import make_case
 from sekv_gguf.models import default_model_path
 from sekv_gguf.policies.budget import BudgetPlan
 from sekv_gguf.provenance import commit, machine
-from sekv_gguf.router import IndexRouter, LowRankMassRouter, Router, SummaryRouter, TrainedRouter, verify
+from sekv_gguf.router import (HeldSpans, IndexRouter, LowRankMassRouter, Router, SummaryRouter, TrainedRouter,
+                              verify)
 from sekv_gguf.segment import Segmenter
 from sekv_gguf.session import Session, load_model
 from sekv_gguf.span_store import SpanStore, single_threaded_blas
-
-
-class _TopM:
-    """A router's best ``m`` spans of a layer, as the zoom slots would hold them in steady state."""
-
-    def __init__(self, store: SpanStore, ids: np.ndarray, capacity: int):
-        self.store, self.ids, self.capacity = store, [int(i) for i in ids], capacity
-
-    def keys(self, ikv: int) -> dict[int, np.ndarray]:
-        return {sid: self.store.spans[sid].k[ikv].rebuild().astype(np.float16) for sid in self.ids}
 
 
 def capture(model, tokens: list[int], n_answer: int, threads: int) -> dict:
@@ -142,7 +133,7 @@ def study(model, case, tokens: list[int], args, adapter_router: Router | None) -
                     event = bool(needle[exact_order[:m]].any())
                     rows = dict(orders)
                     for name in proposers:
-                        held = _TopM(store, orders[name][:m], capacity=0)
+                        held = HeldSpans(store, orders[name][:m])  # its best m, held as in steady state
                         v = verify(ikv, query, store, np.zeros(S) - np.argsort(orders[name]), K, held)
                         rows[f"{name}+verify"] = np.argsort(-v.scores, kind="stable")
                     for name, order in rows.items():

@@ -138,7 +138,43 @@ def verify(ikv: int, query: np.ndarray, store: SpanStore, proposed: np.ndarray, 
                    device_rows=int(sum(r.shape[0] for r in held.values())))
 
 
-class IndexRouter(Router):
+class TwoStageRouter(Router):
+    """A router that proposes (``propose``: scores [n_spans] from what it reads cheaply) and lets ``verify`` order
+    the resident spans and its ``candidates`` best others by exact mass."""
+
+    two_stage = True
+
+    def __init__(self, candidates: int = SekvConfig.verify_candidates):
+        if candidates < 0:
+            raise ValueError(f"candidates must be >= 0, got {candidates}")
+        self.candidates = candidates
+
+    @abstractmethod
+    def propose(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
+        """Stage-1 scores [n_spans]."""
+
+    def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
+        return self.rank(ikv, query, store).scores
+
+    def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None) -> Ranking:
+        return verify(ikv, query, store, self.propose(ikv, query, store), self.candidates, resident)
+
+
+class HeldSpans:
+    """A ``Resident`` without a device: the spans ``ids`` taken as held, their K rows rebuilt from the store's host
+    rows once per layer (offline recall studies, benchmarks and tests of ``verify``)."""
+
+    def __init__(self, store: SpanStore, ids: object, capacity: int = 0):
+        self.store, self.ids, self.capacity = store, [int(i) for i in ids], capacity
+        self._keys: dict[int, dict[int, np.ndarray]] = {}
+
+    def keys(self, ikv: int) -> dict[int, np.ndarray]:
+        if ikv not in self._keys:
+            self._keys[ikv] = {sid: self.store.spans[sid].k[ikv].rebuild_f16() for sid in self.ids}
+        return self._keys[ikv]
+
+
+class IndexRouter(TwoStageRouter):
     """Two-stage routing with bounded reads (the default). Stage 1 scans the store's index — per span, layer and
     KV head the mean key of each ~``block_tokens`` block — and estimates the span's log attention mass as
     ``max over query heads of logsumexp_b (q·k̄_b + log n_b)`` (the summary row's estimator at block resolution):
@@ -146,12 +182,6 @@ class IndexRouter(Router):
     others by exact mass."""
 
     name = "index"
-    two_stage = True
-
-    def __init__(self, candidates: int = SekvConfig.verify_candidates):
-        if candidates < 0:
-            raise ValueError(f"candidates must be >= 0, got {candidates}")
-        self.candidates = candidates
 
     def propose(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         """Stage-1 scores [n_spans] from the block index."""
@@ -164,12 +194,6 @@ class IndexRouter(Router):
         top = logits.max(axis=2, keepdims=True)                           # [Hkv, S, 1, G] finite: block 0 is real
         lse = top[:, :, 0] + np.log(np.exp(logits - top).sum(axis=2))     # [Hkv, S, G]
         return lse.transpose(1, 0, 2).reshape(n_spans, -1).max(axis=1)    # [S]
-
-    def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
-        return self.rank(ikv, query, store).scores
-
-    def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None) -> Ranking:
-        return verify(ikv, query, store, self.propose(ikv, query, store), self.candidates, resident)
 
 
 class BoundRouter(Router):
@@ -197,7 +221,7 @@ def training_free(config: SekvConfig) -> Router:
     return ROUTERS[config.router]()
 
 
-class TrainedRouter(Router):
+class TrainedRouter(TwoStageRouter):
     """The distilled router of a GGUF adapter (``sekv_gguf.adapter``; the scoring function is
     ``sekv_gguf.features.alphas``): per query head h and span s, ``alpha = sigmoid(e_s - logsumexp_s' e_s' + b)``
     with the estimated log mass ``e_s = <W q, normalize(W k̄_s)>/sqrt(P) + theta · features_s + log|S_s|``; a
@@ -206,16 +230,13 @@ class TrainedRouter(Router):
     the host factors (``verify``), ahead of all others."""
 
     name = "trained"
-    two_stage = True
 
     def __init__(self, adapter: "RouterAdapter", path: str = "",
                  candidates: int = SekvConfig.verify_candidates):
-        if candidates < 0:
-            raise ValueError(f"candidates must be >= 0, got {candidates}")
+        super().__init__(candidates)
         self.adapter = adapter
         self.label = f"trained:{path}" if path else "trained"
         self.sketch = (adapter.spread_rank, adapter.n_centroids, adapter.kmeans_iters)
-        self.candidates = candidates
 
     @classmethod
     def from_file(cls, path: str | Path, model_path: str | Path,
@@ -261,9 +282,3 @@ class TrainedRouter(Router):
     def propose(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         tau = self.adapter.tau[ikv].astype(np.float64)                   # [H]
         return (self.alphas(ikv, query, store) - tau[None, :]).max(axis=1)  # [S]
-
-    def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
-        return self.rank(ikv, query, store).scores
-
-    def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None) -> Ranking:
-        return verify(ikv, query, store, self.propose(ikv, query, store), self.candidates, resident)

@@ -10,7 +10,7 @@ from conftest import prose
 from sekv_gguf import native
 from sekv_gguf.config import BudgetConfig, SekvConfig
 from sekv_gguf.engine import generate, make_policy
-from sekv_gguf.router import IndexRouter, LowRankMassRouter, verify
+from sekv_gguf.router import HeldSpans, IndexRouter, LowRankMassRouter, verify
 from sekv_gguf.span_store import SpanStore
 
 
@@ -23,14 +23,12 @@ def _store(rng, n_spans: int, config: SekvConfig, hkv: int = 2, d: int = 16) -> 
     return store
 
 
-class _Held:
-    """Resident spans as a layer's zoom slots would hold them."""
-
-    def __init__(self, store: SpanStore, ids: list[int], capacity: int):
-        self.capacity, self.ids, self.store = capacity, ids, store
-
-    def keys(self, ikv: int) -> dict[int, np.ndarray]:
-        return {sid: self.store.spans[sid].k[ikv].rebuild().astype(np.float16) for sid in self.ids}
+def _case(seed: int, n_spans: int) -> tuple[SekvConfig, SpanStore, np.ndarray]:
+    """Config, a store of ``n_spans`` random spans of 8–16 tokens (full rank) and a query [4, 16]."""
+    rng = np.random.default_rng(seed)
+    cfg = SekvConfig(span_min=8, span_max=16, energy=1.0)
+    store = _store(rng, n_spans, cfg)
+    return cfg, store, rng.standard_normal((4, 16)).astype(np.float32)
 
 
 def test_one_token_blocks_estimate_exact_mass():
@@ -55,13 +53,10 @@ def test_blocks_cover_each_span_once():
 
 
 def test_verify_reads_resident_from_device_and_bounded_host_rows():
-    rng = np.random.default_rng(2)
-    cfg = SekvConfig(span_min=8, span_max=16, energy=1.0)
-    store = _store(rng, 60, cfg)
-    query = rng.standard_normal((4, 16)).astype(np.float32)
+    cfg, store, query = _case(2, 60)
     proposed = IndexRouter().propose(0, query, store)
     exact = LowRankMassRouter().score(0, query, store)
-    held = _Held(store, [3, 17, 40], capacity=64)
+    held = HeldSpans(store, [3, 17, 40], capacity=64)
     r = verify(0, query, store, proposed, 5, held)
     order = np.argsort(-r.scores, kind="stable")
     first = order[:8]                                                     # 3 resident + 5 host candidates
@@ -77,17 +72,14 @@ def test_verify_reads_resident_from_device_and_bounded_host_rows():
 
 
 def test_verify_everything_is_exact_mass_order_and_zero_candidates_is_the_proposal():
-    rng = np.random.default_rng(3)
-    cfg = SekvConfig(span_min=8, span_max=16, energy=1.0)
-    store = _store(rng, 25, cfg)
-    query = rng.standard_normal((4, 16)).astype(np.float32)
+    cfg, store, query = _case(3, 25)
     exact = LowRankMassRouter().score(0, query, store)
     got = IndexRouter(candidates=100).score(0, query, store)
     np.testing.assert_array_equal(np.argsort(-got, kind="stable"), np.argsort(-exact, kind="stable"))
     proposal = IndexRouter(candidates=0)
     np.testing.assert_array_equal(proposal.score(0, query, store), proposal.propose(0, query, store))
     # the first routing of a layer (nothing resident) also verifies what fills the slots
-    r = verify(0, query, store, proposal.propose(0, query, store), 2, _Held(store, [], capacity=40))
+    r = verify(0, query, store, proposal.propose(0, query, store), 2, HeldSpans(store, [], capacity=40))
     assert 2 * cfg.span_min < r.host_rows <= 40 + 2 * cfg.span_max
 
 
