@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sekv_gguf.cli import _sekv_overrides
+from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.engine import full_kv_bytes, make_policy
@@ -112,7 +112,7 @@ def main() -> int:
     for seed in args.seeds:
         tokens, value, needle = build(model, args.tokens, args.depth, seed)
         runs = [] if args.no_full else [("full", None, None)]
-        extra = _sekv_overrides(args.sekv or [])
+        extra = sekv_overrides(args.sekv or [])
         runs += [("sekv", b, SekvConfig(router=r, **extra)) for b in args.budgets for r in args.routers]
         for name, budget, params in runs:
             row = trace(model, tokens, value, needle, name, budget, params, args.n_predict, args.threads)

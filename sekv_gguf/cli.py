@@ -302,7 +302,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         llm.close()
 
 
-def _sekv_overrides(items: list[str]) -> dict:
+def sekv_overrides(items: list[str]) -> dict:
     """``KEY=VALUE`` pairs -> SekvConfig overrides, each value parsed as the field's type (``none`` for None)."""
     import dataclasses
 
@@ -332,7 +332,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                      lengths=tuple(args.lengths), samples=args.samples, haystacks=tuple(args.haystacks),
                      n_predict=args.n_predict, fidelity_docs=args.fidelity_docs, fidelity_steps=args.fidelity_steps,
                      seed=args.seed, adapter=args.adapter,
-                     sekv=({"router": args.router} if args.router else {}) | _sekv_overrides(args.sekv or []))
+                     sekv=({"router": args.router} if args.router else {}) | sekv_overrides(args.sekv or []))
     path = _model_path(args.model)
     ctx_config = ContextConfig(verbose=args.verbose, n_threads=args.threads)
     router = TrainedRouter.from_file(args.adapter, path, args.verify_candidates) if args.adapter else None
