@@ -185,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--fidelity-steps", type=int, default=EvalConfig.fidelity_steps,
                     help="teacher-forced tokens per document")
     ev.add_argument("--seed", type=int, default=EvalConfig.seed)
+    ev.add_argument("--depths", nargs="+", type=float, default=list(EvalConfig.depths), metavar="FRACTION",
+                    help="pin the needle depth: sample s at DEPTHS[s %% len(DEPTHS)] (default: each seed draws one)")
     ev.add_argument("--threads", type=int, default=ContextConfig.n_threads,
                     help="llama.cpp threads per context (0: all cores)")
     ev.add_argument("--name", default="run", help="results go to OUT/eval-NAME.json and .png (default run)")
@@ -331,7 +333,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = EvalConfig(policies=tuple(args.policies), budgets=tuple(args.budgets), tasks=tuple(args.tasks),
                      lengths=tuple(args.lengths), samples=args.samples, haystacks=tuple(args.haystacks),
                      n_predict=args.n_predict, fidelity_docs=args.fidelity_docs, fidelity_steps=args.fidelity_steps,
-                     seed=args.seed, adapter=args.adapter,
+                     seed=args.seed, depths=tuple(args.depths), adapter=args.adapter,
                      sekv=({"router": args.router} if args.router else {}) | sekv_overrides(args.sekv or []))
     path = _model_path(args.model)
     ctx_config = ContextConfig(verbose=args.verbose, n_threads=args.threads)

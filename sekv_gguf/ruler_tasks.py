@@ -182,9 +182,12 @@ def _depth(rng: random.Random) -> float:
 
 
 def _niah(task: str, count: Count, n_tokens: int, seed: int, haystack: str, kind: str = "numbers",
-          n_keys: int = 1, n_values: int = 1, n_queries: int = 1) -> Case:
-    """RULER's needle in a haystack: ``n_keys`` keys with ``n_values`` values each, ``n_queries`` keys asked."""
+          n_keys: int = 1, n_values: int = 1, n_queries: int = 1, depth: float | None = None) -> Case:
+    """RULER's needle in a haystack: ``n_keys`` keys with ``n_values`` values each, ``n_queries`` keys asked.
+    ``depth`` pins the asked needles' depth (the seed still draws every other choice, so the value is unchanged)."""
     _check_haystack(haystack)
+    if depth is not None and not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth is a fraction of the context in [0, 1], got {depth}")
     rng = random.Random(seed)
     keys = [f"{a}-{b}" for a, b in rng.sample([(a, b) for a in _ADJECTIVES for b in _NOUNS], n_keys)]
     values: list[str] = []
@@ -194,8 +197,10 @@ def _niah(task: str, count: Count, n_tokens: int, seed: int, haystack: str, kind
             values.append(value)
     needles = [(keys[i // n_values], value) for i, value in enumerate(values)]
     asked = keys[:n_queries]
-    inserts = [_Insert(f"One of the special magic {kind} for {k} is: {v}.", _depth(rng), k in asked)
-               for k, v in needles]
+    drawn = [_depth(rng) for _ in needles]
+    inserts = [_Insert(f"One of the special magic {kind} for {k} is: {v}.",
+                       depth if depth is not None and k in asked else d, k in asked)
+               for (k, v), d in zip(needles, drawn)]
     answers = tuple(v for k in asked for key, v in needles if key == k)
     head = (f"Some special magic {kind} are hidden within the following text. Make sure to memorize it. "
             f"I will quiz you about the {kind} afterwards.\n\n")
@@ -210,28 +215,28 @@ def _niah(task: str, count: Count, n_tokens: int, seed: int, haystack: str, kind
                           f"\n\nQuestion: {question}\nAnswer: {lead}", answers, "all")
 
 
-def niah_number(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
-    return _niah("niah_number", count, n_tokens, seed, haystack)
+def niah_number(count: Count, n_tokens: int, seed: int, haystack: str = "prose", depth: float | None = None) -> Case:
+    return _niah("niah_number", count, n_tokens, seed, haystack, depth=depth)
 
 
-def niah_word(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
-    return _niah("niah_word", count, n_tokens, seed, haystack, kind="words")
+def niah_word(count: Count, n_tokens: int, seed: int, haystack: str = "prose", depth: float | None = None) -> Case:
+    return _niah("niah_word", count, n_tokens, seed, haystack, kind="words", depth=depth)
 
 
-def niah_uuid(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
-    return _niah("niah_uuid", count, n_tokens, seed, haystack, kind="UUIDs")
+def niah_uuid(count: Count, n_tokens: int, seed: int, haystack: str = "prose", depth: float | None = None) -> Case:
+    return _niah("niah_uuid", count, n_tokens, seed, haystack, kind="UUIDs", depth=depth)
 
 
-def niah_multikey(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
-    return _niah("niah_multikey", count, n_tokens, seed, haystack, n_keys=4)
+def niah_multikey(count: Count, n_tokens: int, seed: int, haystack: str = "prose", depth: float | None = None) -> Case:
+    return _niah("niah_multikey", count, n_tokens, seed, haystack, n_keys=4, depth=depth)
 
 
-def niah_multivalue(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
-    return _niah("niah_multivalue", count, n_tokens, seed, haystack, n_values=4)
+def niah_multivalue(count: Count, n_tokens: int, seed: int, haystack: str = "prose", depth: float | None = None) -> Case:
+    return _niah("niah_multivalue", count, n_tokens, seed, haystack, n_values=4, depth=depth)
 
 
-def niah_multiquery(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
-    return _niah("niah_multiquery", count, n_tokens, seed, haystack, n_keys=4, n_queries=2)
+def niah_multiquery(count: Count, n_tokens: int, seed: int, haystack: str = "prose", depth: float | None = None) -> Case:
+    return _niah("niah_multiquery", count, n_tokens, seed, haystack, n_keys=4, n_queries=2, depth=depth)
 
 
 def niah_multiturn(count: Count, n_tokens: int, seed: int, haystack: str = "prose", n_turns: int = 3) -> Case:
@@ -385,9 +390,19 @@ TASKS: dict[str, Callable[..., Case]] = {
 }
 
 
-def make_case(task: str, count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
-    """The ``task`` prompt of about ``n_tokens`` tokens (as counted by ``count``) for ``seed``."""
+PINNED_DEPTH_TASKS = ("niah_number", "niah_word", "niah_uuid", "niah_multikey", "niah_multivalue", "niah_multiquery")
+
+
+def make_case(task: str, count: Count, n_tokens: int, seed: int, haystack: str = "prose",
+              depth: float | None = None) -> Case:
+    """The ``task`` prompt of about ``n_tokens`` tokens (as counted by ``count``) for ``seed``; ``depth`` pins the
+    asked needle's depth (``PINNED_DEPTH_TASKS`` only; None: drawn from the seed)."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
-    return TASKS[task](count, n_tokens, seed, haystack)
+    if depth is None:
+        return TASKS[task](count, n_tokens, seed, haystack)
+    if task not in PINNED_DEPTH_TASKS:
+        raise ValueError(f"task {task!r} has no single needle depth to pin; tasks that do: "
+                         f"{', '.join(PINNED_DEPTH_TASKS)}")
+    return TASKS[task](count, n_tokens, seed, haystack, depth=depth)
 

@@ -75,6 +75,10 @@ def test_bad_eval_input_is_refused(llama_model, capsys):
         EvalConfig(tasks=("bogus",))
     with pytest.raises(ValueError, match="budgets are fractions"):
         EvalConfig(budgets=(0.0,))
+    with pytest.raises(ValueError, match="'variable_tracking' has no single needle depth"):
+        EvalConfig(tasks=("niah_number", "variable_tracking"), depths=(0.5,))
+    with pytest.raises(ValueError, match="depths are fractions"):
+        EvalConfig(tasks=("niah_number",), depths=(1.2,))
     with pytest.raises(ValueError, match="exceeds the model's training context"):
         run_suite(llama_model, EvalConfig(lengths=(70000,)), progress=False)
     assert main(["eval", "--policies", "nope"]) == 1

@@ -185,3 +185,22 @@ def test_multiturn_asks_every_needle_later_in_seeded_order():
         assert key in t["text"] and t["answer"] not in t["text"]
     depths = sorted(t["depth"] for t in turns)
     assert all(i / 3 <= d < (i + 1) / 3 for i, d in enumerate(depths))
+
+
+@pytest.mark.parametrize("task", ["niah_number", "niah_word", "niah_multikey"])
+def test_pinned_depth_moves_the_needle_not_the_value(task):
+    drawn = make_case(task, count, 4096, 3)
+    for depth in (0.1, 0.9):
+        pinned = make_case(task, count, 4096, 3, depth=depth)
+        assert pinned.answers == drawn.answers and pinned.depth == depth
+        asked = next(item for item in pinned.meta["inserted"] if item["answer"])
+        assert abs((asked["offset"] + asked["anchor"]) / len(context(pinned)) - depth) <= 0.05
+        others = [(i["text"], i["depth"]) for i in pinned.meta["inserted"] if not i["answer"]]
+        assert others == [(i["text"], i["depth"]) for i in drawn.meta["inserted"] if not i["answer"]]
+
+
+def test_pinned_depth_refused_where_there_is_no_single_needle():
+    with pytest.raises(ValueError, match="no single needle depth"):
+        make_case("variable_tracking", count, 2048, 0, depth=0.5)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        make_case("niah_number", count, 2048, 0, depth=1.5)

@@ -16,7 +16,7 @@ from ..engine import generate, make_policy
 from ..errors import SekvError
 from ..policies import POLICIES
 from .fidelity import forced_logits, teacher_forced
-from .tasks import TASKS, make_case, score
+from .tasks import PINNED_DEPTH_TASKS, TASKS, make_case, score
 
 DEFAULT_POLICIES = tuple(POLICIES)  # all of them: full, the baselines, sekv
 
@@ -29,7 +29,8 @@ class EvalConfig:
     generation (``full`` ignores them). lengths: prompt lengths in tokens. samples: seeds per (task, haystack,
     length). haystacks: "prose" (natural text) and/or "filler" (RULER's repeated sentences). n_predict: greedy
     tokens generated per case. fidelity_docs / fidelity_steps: natural-text documents per length and teacher-forced
-    tokens per document (0 docs: no fidelity). seed: first task seed.
+    tokens per document (0 docs: no fidelity). seed: first task seed. depths: pinned needle depths, sample s at
+    ``depths[s % len(depths)]`` (empty: each seed draws its own; single-needle tasks only).
     """
 
     policies: tuple[str, ...] = DEFAULT_POLICIES
@@ -42,6 +43,7 @@ class EvalConfig:
     fidelity_docs: int = 1
     fidelity_steps: int = 64
     seed: int = 0
+    depths: tuple[float, ...] = ()
     sekv: dict[str, Any] = field(default_factory=dict)  # SekvConfig overrides
     adapter: str | None = None  # trained router adapter for sekv (its runs are named "sekv-trained")
     fidelity_stride: int = 7919 * 13  # characters between the fidelity documents' starts in the prose (a prime
@@ -63,6 +65,12 @@ class EvalConfig:
         bad_h = [h for h in self.haystacks if h not in ("prose", "filler")]
         if bad_h or not self.haystacks:
             raise ValueError(f"haystacks are 'prose' and/or 'filler', got {list(self.haystacks)}")
+        if any(not 0 <= d <= 1 for d in self.depths):
+            raise ValueError(f"depths are fractions of the context in [0, 1], got {list(self.depths)}")
+        unpinned = [t for t in self.tasks if self.depths and t not in PINNED_DEPTH_TASKS]
+        if unpinned:
+            raise ValueError(f"task {unpinned[0]!r} has no single needle depth to pin; tasks that do: "
+                             f"{', '.join(PINNED_DEPTH_TASKS)}")
         SekvConfig(**self.sekv)  # validates the overrides
 
 
@@ -114,7 +122,8 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
         for task in cfg.tasks:
             for hay in cfg.haystacks:
                 for s in range(cfg.samples):
-                    case = make_case(task, count, length, cfg.seed + s, hay)
+                    depth = cfg.depths[s % len(cfg.depths)] if cfg.depths else None
+                    case = make_case(task, count, length, cfg.seed + s, hay, depth)
                     tokens = tokenize(case.prompt)
                     # answers such as uuids or four 7-digit numbers need more tokens than the default
                     n_predict = max(cfg.n_predict, int(case.meta.get("max_new_tokens", 0)))
