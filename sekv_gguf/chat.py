@@ -8,6 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from .errors import InputFileError
+from .textfile import read_text
+
 HELP = "commands: /reset  /stats  /file PATH  /quit"
 
 
@@ -49,9 +52,9 @@ def run_chat(llm: Any, stdin: TextIO, stdout: TextIO, max_tokens: int, system: s
         if text.startswith("/file"):
             path = Path(text[len("/file"):].strip())
             try:
-                doc = path.read_text(encoding="utf-8")
-            except OSError as e:
-                stdout.write(f"cannot read {path}: {e}\n")
+                doc = read_text(path, "document")
+            except InputFileError as e:
+                stdout.write(f"{e}\n")
                 continue
             messages.append({"role": "user", "content": f"Here is the document {path.name}:\n\n{doc}"})
             messages.append({"role": "assistant", "content": f"I have read {path.name}."})

@@ -29,6 +29,7 @@ from .policies import POLICIES
 from .progress import Progress
 from .router import TrainedRouter
 from .session import Session, apply_chat_template, load_model
+from .textfile import read_text
 
 RUN_N_PREDICT = 32  # tokens ``run`` generates unless told (the default question's answer needs a few)
 
@@ -65,10 +66,7 @@ def _prompt(args: argparse.Namespace, session_model: Any) -> str:
     if args.prompt is not None and args.file is not None:
         raise ValueError("give either -p TEXT or -f FILE, not both")
     if args.file is not None:
-        try:
-            text = Path(args.file).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ValueError(f"prompt file not found: {args.file}") from None
+        text = read_text(args.file, "prompt file")
     elif args.prompt is not None:
         text = args.prompt
     else:

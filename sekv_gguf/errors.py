@@ -47,3 +47,7 @@ class BudgetError(SekvError, ValueError):
 
 class AdapterError(SekvError, ValueError):
     """A router adapter file is corrupt, truncated, not a SeKV router adapter, or made for another model."""
+
+
+class InputFileError(SekvError, ValueError):
+    """A file the user handed over (a prompt, a document, a config) cannot be read as what it should be."""

@@ -23,3 +23,16 @@ def commit() -> str:
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def record(path: str | Path, key: str, value: dict[str, Any], command: str) -> Path:
+    """Set ``key`` of the JSON object at ``path`` (created if missing) to ``value`` with its command, commit and
+    machine; the other keys stay (``bench/reliability.json`` collects several harnesses' figures this way)."""
+    import json
+
+    path = Path(path)
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    doc[key] = {**value, "command": command, "commit": commit(), "machine": machine()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path

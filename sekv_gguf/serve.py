@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .config import BudgetConfig, SekvConfig
-from .errors import SekvError
+from .errors import InputFileError, SekvError
 from .memory import MemoryConfig
+from .textfile import read_text
 
 # llama-cpp-python's message for a prompt over the context (its server turns it into context_length_exceeded)
 CONTEXT_EXCEEDED = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
@@ -56,25 +57,44 @@ class ServeConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ServeConfig":
-        """A JSON or YAML file of ``ServeConfig`` keys."""
+        """A JSON or YAML file of ``ServeConfig`` keys; any fault (unreadable, not JSON/YAML, not a mapping, an
+        unknown key, a value of the wrong type or out of range) is an ``InputFileError`` naming the file."""
         p = Path(path)
+        text = read_text(p, "config file")
         try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ValueError(f"cannot read the config file {p}: {e}") from None
-        if p.suffix in (".yaml", ".yml"):
-            import yaml
+            if p.suffix in (".yaml", ".yml"):
+                import yaml
 
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+        except (ValueError, RecursionError) as e:  # json.JSONDecodeError is a ValueError
+            raise InputFileError(f"config file {p} is not valid JSON: {e}") from None
+        except Exception as e:  # yaml.YAMLError and its kin
+            raise InputFileError(f"config file {p} is not valid YAML: {e}") from None
         if not isinstance(data, dict):
-            raise ValueError(f"{p}: expected a mapping of settings")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+            raise InputFileError(f"config file {p}: expected a mapping of settings, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(str(k) for k in data if k not in known)
         if unknown:
-            raise ValueError(f"{p}: unknown settings {unknown}; known: {sorted(known)}")
-        return cls(**data)
+            raise InputFileError(f"config file {p}: unknown settings {unknown}; known: {sorted(known)}")
+        for key, value in data.items():
+            want = _SETTING_TYPES[key]
+            if not isinstance(value, want) or isinstance(value, bool) and bool not in want:
+                names = "/".join("null" if t is type(None) else t.__name__ for t in want)
+                raise InputFileError(f"config file {p}: {key} must be {names}, got {value!r}")
+        try:
+            return cls(**data)
+        except ValueError as e:
+            raise InputFileError(f"config file {p}: {e}") from None
+
+
+_OPTIONAL_STR = (str, type(None))
+# the JSON/YAML types each setting accepts (ints are accepted where a float is wanted)
+_SETTING_TYPES: dict[str, tuple[type, ...]] = {
+    "model": _OPTIONAL_STR, "alias": _OPTIONAL_STR, "policy": (str,), "kv_budget": (int, float), "n_ctx": (int,),
+    "prefill": (str,), "adapter": _OPTIONAL_STR, "chat_format": _OPTIONAL_STR, "host": (str,), "port": (int,),
+    "api_key": _OPTIONAL_STR, "max_tokens": (int,), "threads": (int,), "memories": (int,)}
 
 
 def load_llm(cfg: ServeConfig) -> Any:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
+from ..gguf_strict import StrictGGUFReader
+
 from ..errors import ModelError
 
 
@@ -56,7 +58,7 @@ def model_identity(path: str | Path) -> ModelIdentity:
             return ModelIdentity(**json.loads(cache.read_text()))
         except (ValueError, TypeError):
             pass  # a damaged cache entry: read the model again
-    ident = _read_identity(path)
+    ident = read_identity(path)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
@@ -67,11 +69,22 @@ def model_identity(path: str | Path) -> ModelIdentity:
     return ident
 
 
-def _read_identity(path: Path) -> ModelIdentity:
+def read_identity(path: str | Path) -> ModelIdentity:
+    """The identity of the GGUF model at ``path``, uncached; a damaged file raises ``ModelError`` naming it."""
+    path = Path(path)
     try:
-        reader = GGUFReader(str(path), "r")
-    except (OSError, ValueError) as e:
-        raise ModelError(f"cannot read GGUF metadata of {path}: {e}") from e
+        reader = StrictGGUFReader(str(path), "r")
+    except OSError as e:
+        raise ModelError(f"cannot read GGUF metadata of {path}: {e.strerror or e}") from e
+    except Exception as e:  # gguf-py raises ValueError, IndexError, struct errors ... on damaged files
+        raise ModelError(f"{path} is not a readable GGUF file (corrupt or truncated): {type(e).__name__}: {e}") from e
+    try:
+        return _identity(reader)
+    except Exception as e:  # wrong field types, absurd counts and shapes
+        raise ModelError(f"{path} has damaged GGUF metadata ({type(e).__name__}: {e})") from e
+
+
+def _identity(reader: GGUFReader) -> ModelIdentity:
     arch = str(_field(reader, "general.architecture") or "")
     h = hashlib.sha256()
     n_params = 0

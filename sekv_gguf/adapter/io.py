@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFValueType, GGUFWriter
 
 from ..errors import AdapterError
+from ..gguf_strict import StrictGGUFReader
 from ..features import N_FEATURES, NAMES
 from . import keys as K
 from .identity import ModelIdentity
@@ -108,14 +109,14 @@ def write_adapter(path: str | Path, a: RouterAdapter) -> Path:
     return path
 
 
-def _get(reader: GGUFReader, key: str, path: Path) -> Any:
+def _get(reader: StrictGGUFReader, key: str, path: Path) -> Any:
     f = reader.get_field(key)
     if f is None:
         raise AdapterError(f"{path}: missing key {key!r} (not a complete SeKV router adapter)")
     return f.contents()
 
 
-def _read(reader: GGUFReader, fields: tuple[tuple[str, GGUFValueType, str], ...], path: Path) -> dict[str, Any]:
+def _read(reader: StrictGGUFReader, fields: tuple[tuple[str, GGUFValueType, str], ...], path: Path) -> dict[str, Any]:
     return {attr: _AS[vtype](_get(reader, key, path)) for key, vtype, attr in fields}
 
 
@@ -126,9 +127,18 @@ def read_adapter(path: str | Path) -> RouterAdapter:
     if not path.is_file():
         raise AdapterError(f"router adapter not found: {path}")
     try:
-        reader = GGUFReader(str(path), "r")
+        reader = StrictGGUFReader(str(path), "r")
     except Exception as e:  # gguf-py raises ValueError, IndexError, struct errors ... on damaged files
         raise AdapterError(f"{path} is not a readable GGUF file (corrupt or truncated): {e}") from e
+    try:
+        return _parse(reader, path)
+    except AdapterError:
+        raise
+    except Exception as e:  # wrong field types, absurd counts and shapes, data past the end of the file, ...
+        raise AdapterError(f"{path} is a damaged router adapter ({type(e).__name__}: {e})") from e
+
+
+def _parse(reader: StrictGGUFReader, path: Path) -> RouterAdapter:
     kind, atype = reader.get_field(K.GENERAL_TYPE), reader.get_field(K.ADAPTER_TYPE)
     if kind is None or kind.contents() != K.TYPE_ADAPTER or atype is None or atype.contents() != K.TYPE_SEKV_ROUTER:
         raise AdapterError(f"{path} is not a SeKV router adapter (general.type "
