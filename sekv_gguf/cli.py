@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from . import interrupt
 from .config import TRAINING_FREE_SCORES, BudgetConfig, ContextConfig, SekvConfig
 from .documents import default_prompt
 from .engine import RunResult, generate, make_policy
@@ -349,11 +350,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program ended by Ctrl-C
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    interrupt.install()
     try:
         return args.func(args)
     except (SekvError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT, no traceback
+        sys.stdout.flush()
+        print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -17,6 +17,7 @@ import llama_cpp._internals as _internals
 import llama_cpp._logger as _llama_logger
 
 from .config import KV_TYPES, ContextConfig
+from . import interrupt
 from .errors import ModelError, SekvError
 from . import native
 from .hook import KVHook
@@ -184,6 +185,7 @@ class Session:
         self._batch.n_tokens = n
         self.decoded_tokens += n
         rc = llama_cpp.llama_decode(self.ctx, self._batch)
+        interrupt.check()  # a Ctrl-C that llama.cpp's log callback swallowed during the decode
         if rc != 0:
             raise SekvError(f"llama_decode returned {rc} at positions {start}..{start + n - 1}"
                             + (" (no free KV cell: the cache is full)" if rc == 1 else ""))
