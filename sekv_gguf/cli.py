@@ -226,7 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat_help = "GGUF model (default: SmolLM2-135M-Instruct from its PyPI package)"
     sv.add_argument("model", nargs="?", help=chat_help)
     _llm_args(sv)
-    sv.add_argument("--host", default=ServeConfig.host)
+    sv.add_argument("--host", default=ServeConfig.host, help="address to listen on (default 127.0.0.1: this machine "
+                    "only; any other needs --expose)")
+    sv.add_argument("--expose", action="store_true", help="allow --host to be an address other machines can reach")
     sv.add_argument("--port", type=int, default=ServeConfig.port)
     sv.add_argument("--api-key", help="require this bearer token")
     sv.add_argument("--alias", help="the model's name in /v1/models (default: the file's stem)")
@@ -277,7 +279,7 @@ def _serve_config(args: argparse.Namespace) -> Any:
 
     defaults = vars(build_parser().parse_args(["serve"]))
     given = {f.name: getattr(args, f.name) for f in fields(ServeConfig)
-             if getattr(args, f.name) != defaults.get(f.name)}
+             if hasattr(args, f.name) and getattr(args, f.name) != defaults.get(f.name)}
     base = ServeConfig.from_file(args.config) if args.config else ServeConfig()
     return ServeConfig(**{**vars(base), **given})
 

@@ -51,3 +51,8 @@ class AdapterError(SekvError, ValueError):
 
 class InputFileError(SekvError, ValueError):
     """A file the user handed over (a prompt, a document, a config) cannot be read as what it should be."""
+
+
+class RequestCancelled(SekvError):
+    """A request was cancelled (its client went away, or the server is shutting down) while its prompt was being
+    evaluated."""

@@ -14,6 +14,7 @@ with ``logprobs``), quantized K/V cache types.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Generator, Iterator, Sequence
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from .config import KV_TYPES, BudgetConfig, ContextConfig, SekvConfig
 from .engine import make_policy
-from .errors import SekvError
+from .errors import RequestCancelled, SekvError
 from .memory import MemoryConfig, Memories
 from .policies import POLICIES
 from .router import TrainedRouter
@@ -146,6 +147,10 @@ class SekvLlama(llama_cpp.Llama):
         self._reply_hint = REPLY_RESERVE  # tokens the current request may generate (the scratch lane's margin)
         self._rows: dict[int, np.ndarray] | None = None  # logits rows kept for logprobs (position -> [n_vocab])
         self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "evaluated_tokens": 0}
+        # set from another thread to end the current request: generation ends at the next token (finish "stop"),
+        # a prompt under evaluation at the next chunk (RequestCancelled; the memory is then emptied). A server
+        # gives each request its own event here while that request holds the model.
+        self.cancel = threading.Event()
 
     # -- the seam ----------------------------------------------------------------------------------------------
 
@@ -203,6 +208,7 @@ class SekvLlama(llama_cpp.Llama):
             self._requires_eval = True
         self._phase = "prompt"
         self._sampled = []
+        active.observer = self._observe
         self.counters["requests"] += 1
         self.counters["prompt_tokens"] = len(tokens)
         try:
@@ -284,7 +290,16 @@ class SekvLlama(llama_cpp.Llama):
             offset += len(piece)
         return out
 
+    def _observe(self, policy: Any) -> None:
+        """The active policy's progress callback (after each prompt chunk): where a cancelled prompt stops."""
+        if self.cancel.is_set() and policy.phase != "decode":
+            raise RequestCancelled("the request was cancelled while its prompt was evaluated")
+
     def sample(self, *args: Any, **kwargs: Any) -> int:
+        if self.cancel.is_set():  # end the reply here, as the model would with its end-of-generation token
+            token = self.token_eos()
+            self._sampled.append(int(token))
+            return token
         token = super().sample(*args, **kwargs)
         self._sampled.append(int(token))  # the last one is never evaluated (it ended the reply)
         return token

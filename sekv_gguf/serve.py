@@ -14,6 +14,8 @@ Needs the ``serve`` extra (FastAPI, uvicorn, sse-starlette, starlette-context, p
 import contextlib
 import json
 import re
+import signal
+import threading
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -49,11 +51,18 @@ class ServeConfig:
     max_tokens: int = DEFAULT_MAX_TOKENS
     threads: int = 0
     memories: int = MemoryConfig.memories
+    expose: bool = False  # required to listen on an address other than the loopback
+    shutdown_grace_s: float = 10.0  # on SIGTERM, how long a running stream may take to send its last chunk
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or not 0 < self.port < 65536 or self.threads < 0 or self.memories < 1:
             raise ValueError(f"need max_tokens >= 1, a port in 1..65535, threads >= 0, memories >= 1; got {self}")
         BudgetConfig(kv_budget=self.kv_budget)  # validates
+        if self.n_ctx < 0 or not self.shutdown_grace_s >= 0:
+            raise ValueError(f"need n_ctx >= 0 and shutdown_grace_s >= 0; got {self.n_ctx}, {self.shutdown_grace_s}")
+        if not self.expose and not is_loopback(self.host):
+            raise ValueError(f"--host {self.host} would serve the model to the network: add --expose to mean it "
+                             "(and set --api-key)")
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ServeConfig":
@@ -94,7 +103,8 @@ _OPTIONAL_STR = (str, type(None))
 _SETTING_TYPES: dict[str, tuple[type, ...]] = {
     "model": _OPTIONAL_STR, "alias": _OPTIONAL_STR, "policy": (str,), "kv_budget": (int, float), "n_ctx": (int,),
     "prefill": (str,), "adapter": _OPTIONAL_STR, "chat_format": _OPTIONAL_STR, "host": (str,), "port": (int,),
-    "api_key": _OPTIONAL_STR, "max_tokens": (int,), "threads": (int,), "memories": (int,)}
+    "api_key": _OPTIONAL_STR, "max_tokens": (int,), "threads": (int,), "memories": (int,), "expose": (bool,),
+    "shutdown_grace_s": (int, float)}
 
 
 def load_llm(cfg: ServeConfig) -> Any:
@@ -227,17 +237,33 @@ def create_app(llm: Any, cfg: ServeConfig) -> Any:
         kwargs = call_kwargs(body)
         if kwargs.get("stream"):
             send, recv = anyio.create_memory_object_stream(10)
+            shutdown = anyio.Event()  # sse-starlette sets it when the server is told to stop
+            stop = threading.Event()  # this request's own: llm.cancel while it holds the model
+
+            async def on_close(message: Any) -> None:  # the client went away: free the model at its next step
+                stop.set()
+
             return EventSourceResponse(recv, data_sender_callable=lambda: publish(request, send, body, call, kwargs,
-                                                                                  include_usage, chat),
-                                       sep="\n", ping_message_factory=lapp._ping_message_factory)
+                                                                                  include_usage, chat, shutdown, stop),
+                                       sep="\n", ping_message_factory=lapp._ping_message_factory,
+                                       client_close_handler_callable=on_close, shutdown_event=shutdown,
+                                       shutdown_grace_period=cfg.shutdown_grace_s)
         async with contextlib.asynccontextmanager(lapp.get_llama_proxy)() as proxy:
+            llm.cancel = threading.Event()  # this request's, while it holds the model (SIGTERM sets it)
             llama = lapp.prepare_request_resources(body, proxy, body.model, kwargs)
             return await run_in_threadpool(call, llama, **kwargs)
 
     async def publish(request: Request, send: Any, body: Any, call: Callable, kwargs: dict, include_usage: bool,
-                      chat: bool) -> None:
+                      chat: bool, shutdown: Any, stop: threading.Event) -> None:
         async with contextlib.asynccontextmanager(lapp.get_llama_proxy)() as proxy:
-            async with send:
+            llm.cancel = stop  # this request holds the model now: its client's disconnect or SIGTERM ends it
+            iterator = None
+            async with send, anyio.create_task_group() as relay:
+                async def stop_on_shutdown() -> None:  # the stream then ends with its last chunk and [DONE]
+                    await shutdown.wait()
+                    llm.cancel.set()
+
+                relay.start_soon(stop_on_shutdown)
                 try:
                     llama = lapp.prepare_request_resources(body, proxy, body.model, kwargs)
                     iterator = await run_in_threadpool(call, llama, **kwargs)
@@ -246,6 +272,7 @@ def create_app(llm: Any, cfg: ServeConfig) -> Any:
                         last = chunk
                         await send.send(dict(data=json.dumps(chunk)))
                         if await request.is_disconnected():
+                            stop.set()
                             raise anyio.get_cancelled_exc_class()()
                     if include_usage and last is not None:
                         await send.send(dict(data=json.dumps(usage_chunk(llama, last, chat))))
@@ -256,6 +283,11 @@ def create_app(llm: Any, cfg: ServeConfig) -> Any:
                     resp = _map_error(e, body)
                     await send.send(dict(data=resp.body.decode("utf-8")))
                     await send.send(dict(data="[DONE]"))
+                finally:
+                    relay.cancel_scope.cancel()
+                    if iterator is not None:  # end the generation (its memory bookkeeping) while we hold the model
+                        with anyio.CancelScope(shield=True):
+                            await anyio.to_thread.run_sync(iterator.close)
 
     def usage_chunk(llama: Any, last: dict, chat: bool) -> dict:
         n_prompt = llama.counters["prompt_tokens"]
@@ -316,16 +348,41 @@ def create_app(llm: Any, cfg: ServeConfig) -> Any:
 
 
 def serve(cfg: ServeConfig, log: Callable[[str], None] | None = None) -> int:
-    """Load the model and serve until interrupted."""
+    """Load the model and serve until SIGTERM or Ctrl-C: then stop accepting, end the running request at its next
+    token (a stream with its last chunk and [DONE]), and return 0."""
     import uvicorn
 
     llm = load_llm(cfg)
     app = create_app(llm, cfg)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            llm.cancel.set()  # a non-streamed reply ends now too, with what it has
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:  # a requested stop that went as planned: exit 0, not re-raised (uvicorn would)
+                self._captured_signals.remove(sig)
+
     if log:
         log(f"serving {cfg.alias or llm.model_name} ({llm.policy_name}, {llm.n_cells()} device cells, logical "
             f"context {llm.n_ctx()}) on http://{cfg.host}:{cfg.port}/v1")
+        if not is_loopback(cfg.host):
+            log(f"warning: listening on {cfg.host}: anyone who can reach this machine can use the model"
+                + ("" if cfg.api_key else " (no --api-key set)"))
     try:
-        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+        Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+                              timeout_graceful_shutdown=cfg.shutdown_grace_s + 5)).run()
     finally:
         llm.close()
     return 0
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address) is reachable only from this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
