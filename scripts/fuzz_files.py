@@ -1,4 +1,4 @@
-"""The long fuzz campaign over every file sekv_gguf parses itself (``sekv_gguf.fuzz``): INPUTS damaged files spread
+"""The long fuzz campaign over every file sekv_gguf parses itself (``sekv_gguf.reliability.fuzz``): INPUTS damaged files spread
 over the targets, each parsed once; counts crashes (an exception other than the target's typed error), hangs (a
 parse over ``FuzzConfig.hang_s``) and parses over the memory bound. Writes the ``fuzz`` object of
 bench/reliability.json (``inputs``, ``crashes``, ``hangs``, ``over_memory``, per target, the first failures to
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sekv_gguf.fuzz import FuzzConfig, Tally, mutate, random_mutations, run_one, targets
+from sekv_gguf.reliability.fuzz import FuzzConfig, Tally, mutate, random_mutations, run_one, targets
 from sekv_gguf.provenance import record
 
 

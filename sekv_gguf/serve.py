@@ -140,14 +140,17 @@ def _error(status: int, message: str, code: str | None = None, kind: str = "inva
 def _normalise(body: dict, cap: int, chat: bool) -> tuple[dict, bool]:
     """The request as llama-cpp-python's types take it, and whether a streamed reply ends with a usage chunk:
     ``developer`` -> ``system`` (text parts joined), ``max_completion_tokens`` -> ``max_tokens``, the cap when a
-    chat names none, ``stream_options`` taken out."""
+    chat names none or a request asks for <= 0 ("no limit"), ``stream_options`` taken out."""
     body = dict(body)
     options = body.pop("stream_options", None) or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is not None:
         body["max_tokens"] = body["max_completion_tokens"]
     body.pop("max_completion_tokens", None)
-    if chat and body.get("max_tokens") is None:
+    max_tokens = body.get("max_tokens")
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens <= 0:
+        body["max_tokens"] = max_tokens = None  # "no limit" (-1, 0) as some clients send it: the cap, not n_ctx
+    if max_tokens is None and (chat or "max_tokens" in body):
         body["max_tokens"] = cap
     if chat and isinstance(body.get("messages"), list):
         msgs = []
@@ -342,6 +345,17 @@ def create_app(llm: Any, cfg: ServeConfig) -> Any:
                   version="0.1.0")
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
                        allow_headers=["*"])
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Any:  # 401, 404, 405 ... as OpenAI's
+        kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}.get(
+            exc.status_code, "invalid_request_error")
+        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        resp = _error(exc.status_code, detail or "error", kind=kind)
+        resp.headers.update(exc.headers or {})
+        return resp
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
     app.include_router(router)  # ours first: they take precedence over llama-cpp-python's of the same path
     app.include_router(lapp.router)  # /extras/tokenize, /extras/detokenize
     return app

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -108,3 +112,39 @@ def seq_cells(session: Session) -> np.ndarray:
     pos = session.hook.cells_pos()
     cells = np.flatnonzero(pos >= 0)
     return cells[np.argsort(pos[cells], kind="stable")].astype(np.int32)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """``serve`` (SmolLM2, 512 device cells, logical context 4096) on a free port for a test module; its base URL."""
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "serve", "--port", str(port), "--kv-budget", "512",
+                             "--n-ctx", "4096", "--alias", "smol", "--max-tokens", "48"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve exited: {proc.stdout.read()}")
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    else:
+        proc.kill()
+        raise RuntimeError("serve did not come up")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)

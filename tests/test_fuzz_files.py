@@ -1,6 +1,6 @@
 """Every file sekv_gguf parses itself, damaged by hypothesis-drawn mutations (truncations, bit flips, absurd counts
 and sizes, inserted and deleted bytes): the parser returns a value or raises its typed error, within a second, with
-bounded memory (``sekv_gguf.fuzz``). A few thousand inputs here; ``scripts/fuzz_files.py`` runs 100,000."""
+bounded memory (``sekv_gguf.reliability.fuzz``). A few thousand inputs here; ``scripts/fuzz_files.py`` runs 100,000."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sekv_gguf.errors import AdapterError, ModelError
-from sekv_gguf.fuzz import EXTREMES, KINDS, FuzzConfig, Mutation, mutate, over_memory, run_one, targets
+from sekv_gguf.reliability.fuzz import EXTREMES, KINDS, FuzzConfig, Mutation, mutate, over_memory, run_one, targets
 
 CFG = FuzzConfig()
 EXAMPLES = {"adapter": 800, "model_identity": 150, "prompt_file": 500, "serve_config_json": 500,
@@ -94,7 +94,7 @@ LOAD_DAMAGED = r"""
 import random, sys
 from pathlib import Path
 from sekv_gguf.errors import ModelError
-from sekv_gguf.fuzz import mutate, random_mutations
+from sekv_gguf.reliability.fuzz import mutate, random_mutations
 from sekv_gguf.session import load_model
 seed, head, work, n = Path(sys.argv[1]).read_bytes(), int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 rng = random.Random(7)

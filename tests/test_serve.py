@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import threading
-import time
-from pathlib import Path
 
 import httpx
 import openai
@@ -20,38 +15,7 @@ from conftest import prose
 
 pytestmark = pytest.mark.serve
 
-ROOT = Path(__file__).resolve().parents[1]
 DOC = prose(6000, 300)  # ~1300 tokens of natural text: more than the scratch context takes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "serve", "--port", str(port), "--kv-budget", "512",
-                             "--n-ctx", "4096", "--alias", "smol", "--max-tokens", "48"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"serve exited: {proc.stdout.read()}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    else:
-        proc.kill()
-        raise RuntimeError("serve did not come up")
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
 
 
 @pytest.fixture

@@ -15,23 +15,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import prose
+from conftest import free_port, prose
 
 pytestmark = pytest.mark.serve
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(*flags: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "serve", "--port", str(port), "--kv-budget", "512",
                              "--n-ctx", "4096", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -129,7 +121,7 @@ def test_api_key_is_required_when_set():
 
 def test_listening_beyond_the_loopback_needs_expose_and_warns():
     out = subprocess.run([sys.executable, "-m", "sekv_gguf", "serve", "--host", "0.0.0.0", "--port",
-                          str(_free_port())], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "--expose" in out.stderr and "Traceback" not in out.stderr, out.stderr
     proc, _ = _start("--host", "0.0.0.0", "--expose", "--max-tokens", "4")
     proc.terminate()

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import AdapterError, InputFileError, ModelError
+from ..errors import AdapterError, InputFileError, ModelError
 
 KINDS = ("truncate", "flip", "u32", "u64", "insert", "delete")
 # values written over fields: zero, one, sign bits, all-ones, a count of terabytes
@@ -154,9 +154,9 @@ def over_memory(target: Target, outcome: Outcome, cfg: FuzzConfig = FuzzConfig()
 
 
 def _tiny_adapter_bytes(work: Path) -> bytes:
-    from .adapter import RouterAdapter, write_adapter
-    from .adapter.identity import ModelIdentity
-    from .features import N_FEATURES
+    from ..adapter import RouterAdapter, write_adapter
+    from ..adapter.identity import ModelIdentity
+    from ..features import N_FEATURES
 
     rng = np.random.default_rng(0)
     layers, n_head, proj, head_dim = [0, 2], 2, 4, 8
@@ -172,7 +172,7 @@ def _tiny_adapter_bytes(work: Path) -> bytes:
 
 
 def _tiny_model_bytes(work: Path) -> bytes:
-    from .tiny_models import TinySpec, write_tiny_llama
+    from ..tiny_models import TinySpec, write_tiny_llama
 
     return write_tiny_llama(work / "model.gguf", TinySpec(n_layer=1, n_embd=16, n_head=2, n_head_kv=1, head_dim=8,
                                                           n_ff=16)).read_bytes()
@@ -188,10 +188,10 @@ def _gguf_head(data: bytes, work: Path) -> int:
 
 def targets(work: Path, cfg: FuzzConfig = FuzzConfig()) -> list[Target]:
     """Every file kind, with its seed written under ``work`` and its seed parse's memory peak measured."""
-    from .adapter import read_adapter
-    from .adapter.identity import read_identity
-    from .serve import ServeConfig
-    from .textfile import read_text
+    from ..adapter import read_adapter
+    from ..adapter.identity import read_identity
+    from ..serve import ServeConfig
+    from ..textfile import read_text
 
     work.mkdir(parents=True, exist_ok=True)
     adapter, model = _tiny_adapter_bytes(work), _tiny_model_bytes(work)
