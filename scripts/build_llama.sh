@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Build the patched libllama (+ ggml) from the pinned llama-cpp-python sdist; print the directory of the libraries.
+#
+#   bash scripts/build_llama.sh            release build (what setup.sh installs; SEKV_CUDA=1 for CUDA)
+#   bash scripts/build_llama.sh asan       AddressSanitizer + UndefinedBehaviorSanitizer build (only for tests:
+#                                          load it with LD_PRELOAD of the sanitizer runtimes, LLAMA_CPP_LIB_PATH=DIR)
+#
+# Steps: fetch the sdist with pip and check its sha256; apply patches/ (any hunk that does not apply stops the
+# build); configure and build the `llama` target with CMake. Cached under $SEKV_CACHE/llama/KEY, KEY a hash of the
+# sdist, the patches and the flags, so a second run is a no-op; nothing depends on the cache being there.
+# Environment: SEKV_CACHE, SEKV_JOBS, SEKV_CUDA, SEKV_CUDA_ARCHS, SEKV_CMAKE_ARGS, PYTHON (for pip download).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/pins.sh
+source "$ROOT/scripts/pins.sh"
+
+VARIANT="${1:-release}"
+PY="${PYTHON:-python3}"
+CACHE="${SEKV_CACHE:-$HOME/.cache/sekv_gguf}"
+JOBS="${SEKV_JOBS:-$(nproc)}"
+CUDA="${SEKV_CUDA:-0}"
+CUDA_ARCHS="${SEKV_CUDA_ARCHS:-90}"
+
+log() { printf '[build] %s\n' "$*" >&2; }
+die() { printf '[build] error: %s\n' "$*" >&2; exit 1; }
+
+case "$VARIANT" in
+    release) BUILD_TYPE=Release ;;
+    asan) BUILD_TYPE=RelWithDebInfo ;;
+    *) die "unknown variant $VARIANT (release or asan)" ;;
+esac
+CMAKE_FLAGS=(
+    -G Ninja
+    "-DCMAKE_BUILD_TYPE=$BUILD_TYPE"
+    -DBUILD_SHARED_LIBS=ON
+    -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF
+    "-DCMAKE_INSTALL_RPATH=\$ORIGIN" -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
+)
+case "$VARIANT" in
+    release)
+        if [ "$CUDA" = "1" ]; then
+            CMAKE_FLAGS+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS")
+        fi
+        if [ -n "${SEKV_CMAKE_ARGS:-}" ]; then
+            # shellcheck disable=SC2206
+            CMAKE_FLAGS+=($SEKV_CMAKE_ARGS)
+        fi
+        ;;
+    asan)
+        SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+        CMAKE_FLAGS+=(-DGGML_OPENMP=OFF "-DCMAKE_C_FLAGS=$SAN"
+                      "-DCMAKE_CXX_FLAGS=$SAN" "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined")
+        ;;
+esac
+
+command -v cmake >/dev/null || die "cmake not found"
+command -v ninja >/dev/null || die "ninja not found"
+
+KEY="$( { echo "$LLAMA_CPP_PYTHON_VERSION $LLAMA_CPP_PYTHON_SHA256"; cat "$ROOT"/patches/*.patch; printf '%s\n' "${CMAKE_FLAGS[@]}"; } \
+        | sha256sum | cut -c1-16)"
+BUILD="$CACHE/llama/$KEY"
+if [ -n "${SEKV_DRY_KEY:-}" ]; then  # only the key (setup.sh's up-to-date check)
+    echo "$KEY"
+    exit 0
+fi
+if [ -f "$BUILD/lib/.done" ]; then
+    echo "$BUILD/lib"
+    exit 0
+fi
+
+# the pinned sdist, hash-checked
+SDIST_DIR="$CACHE/sdist"
+SDIST="$SDIST_DIR/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+mkdir -p "$SDIST_DIR"
+if [ ! -f "$SDIST" ] || ! echo "$LLAMA_CPP_PYTHON_SHA256  $SDIST" | sha256sum -c --status; then
+    log "fetching llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION sdist"
+    rm -f "$SDIST"
+    "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+        "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$SDIST_DIR"
+fi
+echo "$LLAMA_CPP_PYTHON_SHA256  $SDIST" | sha256sum -c --status \
+    || die "sha256 of $SDIST does not match the pin in scripts/pins.sh"
+
+# patched sources + native build
+SRC="$BUILD/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+log "building libllama ($VARIANT$([ "$CUDA" = 1 ] && [ "$VARIANT" = release ] && echo ", CUDA $CUDA_ARCHS")) in $BUILD"
+rm -rf "$BUILD"
+mkdir -p "$BUILD/src" "$BUILD/lib"
+tar xzf "$SDIST" -C "$BUILD/src"
+for p in "$ROOT"/patches/*.patch; do
+    log "applying $(basename "$p")"
+    (cd "$SRC/vendor/llama.cpp" && git apply --check "$p" && git apply "$p") \
+        || die "patch $(basename "$p") does not apply to llama-cpp-python $LLAMA_CPP_PYTHON_VERSION"
+done
+start=$(date +%s)
+cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD/cmake" "${CMAKE_FLAGS[@]}" > "$BUILD/cmake.log" 2>&1 \
+    || { tail -30 "$BUILD/cmake.log" >&2; die "cmake configure failed (log: $BUILD/cmake.log)"; }
+cmake --build "$BUILD/cmake" --target llama -j "$JOBS" >> "$BUILD/cmake.log" 2>&1 \
+    || { tail -30 "$BUILD/cmake.log" >&2; die "build failed (log: $BUILD/cmake.log)"; }
+cp -a "$BUILD/cmake/bin/"lib*.so* "$BUILD/lib/"
+log "libllama ($VARIANT) built in $(( $(date +%s) - start )) s"
+touch "$BUILD/lib/.done"
+echo "$BUILD/lib"
