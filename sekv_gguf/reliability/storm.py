@@ -142,6 +142,7 @@ def run_storm(base: str, n: int, seed: int = 0, workers: int = 4, pid: int | Non
     results: list[Result] = []
     lock = threading.Lock()
     rss: dict[str, int] = {}
+    samples: list[tuple[int, int]] = []  # (requests done, server RSS)
 
     def one(req: Request, client: httpx.Client) -> None:
         res = send(client, base, req)
@@ -149,6 +150,8 @@ def run_storm(base: str, n: int, seed: int = 0, workers: int = 4, pid: int | Non
             results.append(res)
             if pid is not None and len(results) == min(warm, n):
                 rss["warm"] = rss_bytes(pid)
+            if pid is not None and len(results) % max(1, n // 10) == 0:
+                samples.append((len(results), rss_bytes(pid)))
             if progress:
                 progress(len(results))
 
@@ -175,4 +178,5 @@ def run_storm(base: str, n: int, seed: int = 0, workers: int = 4, pid: int | Non
     if rss:
         out["rss_warm_bytes"], out["rss_end_bytes"] = rss.get("warm", 0), rss["end"]
         out["rss_growth"] = round(rss["end"] / max(rss.get("warm", 1), 1) - 1, 4)
+        out["rss_samples"] = samples
     return out
