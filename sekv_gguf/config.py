@@ -34,6 +34,8 @@ class ContextConfig:
     n_ctx: cells of the (base) KV cache; llama.cpp rounds it up to a multiple of 256.
     n_batch / n_ubatch: most tokens per ``llama_decode`` call / per compute step.
     n_threads: CPU threads (0: all cores).
+    poll: polling level (0..100) of the CPU worker threads between graph nodes; None: ggml's default (50, they spin:
+    fastest alone, stalls when another busy process wants the cores); 0: they sleep (see docs/reliability.md).
     flash_attn: required for per-cell V rows (with it off V is stored transposed; the hook handles that, slower).
     swa_full: keep False so that iSWA models (Gemma 3) allocate a window-sized SWA cache, not a full one.
     type_k / type_v: cache element types ("f16" or "f32").
@@ -45,6 +47,7 @@ class ContextConfig:
     n_batch: int = 512
     n_ubatch: int = 512
     n_threads: int = 0
+    poll: int | None = None
     flash_attn: bool = True
     swa_full: bool = False
     type_k: str = "f16"
@@ -61,6 +64,8 @@ class ContextConfig:
             raise ValueError(f"n_ubatch ({self.n_ubatch}) must not exceed n_batch ({self.n_batch})")
         if self.n_threads < 0:
             raise ValueError(f"n_threads must be >= 0, got {self.n_threads}")
+        if self.poll is not None and not 0 <= self.poll <= 100:
+            raise ValueError(f"poll must be in [0, 100] (or None), got {self.poll}")
         for name in ("type_k", "type_v"):
             if getattr(self, name) not in KV_TYPES:
                 raise ValueError(f"{name} must be one of {sorted(KV_TYPES)}, got {getattr(self, name)!r}")

@@ -17,7 +17,7 @@ import llama_cpp._internals as _internals
 import llama_cpp._logger as _llama_logger
 
 from .config import KV_TYPES, ContextConfig
-from . import interrupt
+from . import _threadpool, interrupt
 from .errors import ModelError, SekvError
 from . import native
 from .hook import KVHook
@@ -97,6 +97,10 @@ class Session:
             self.context = _internals.LlamaContext(model=model, params=params, verbose=config.verbose)
         except ValueError as e:
             raise SekvError(f"llama.cpp could not create a context with {config}: {e}") from e
+        self._pool: int | None = None
+        if config.poll is not None:  # our own thread pool, for its polling level
+            self._pool = _threadpool.new_pool(config.threads, config.poll)
+            _threadpool.attach(self.context.ctx, self._pool)
 
         self.n_batch = llama_cpp.llama_n_batch(self.context.ctx)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
@@ -130,6 +134,9 @@ class Session:
             self._batch = None
         self._hook = None
         self.context.close()
+        if self._pool is not None:  # after the context that used it
+            _threadpool.free_pool(self._pool)
+            self._pool = None
 
     def __enter__(self) -> "Session":
         return self
