@@ -92,7 +92,7 @@ def main() -> int:
     ap.add_argument("--min-budget", type=int, default=1024, help="but at least this many cells")
     ap.add_argument("--n-predict", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads per context (0: all cores)")
+    ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads per context (0: half the logical cores)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "engine"))
     args = ap.parse_args()
 

@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--depths", nargs="+", type=float, default=list(EvalConfig.depths), metavar="FRACTION",
                     help="pin the needle depth: sample s at DEPTHS[s %% len(DEPTHS)] (default: each seed draws one)")
     ev.add_argument("--threads", type=int, default=ContextConfig.n_threads,
-                    help="llama.cpp threads per context (0: all cores)")
+                    help="llama.cpp threads per context (0: half the logical cores)")
     ev.add_argument("--name", default="run", help="results go to OUT/eval-NAME.json and .png (default run)")
     ev.add_argument("--out", default="bench", help="output directory (default bench)")
     ev.add_argument("--merge", action="store_true",
@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--proj-dim", type=int, default=TrainRun.proj_dim, help="router projection size P")
     tr.add_argument("--seed", type=int, default=TrainRun.seed)
     tr.add_argument("--captures", help="directory for the captured teacher data (default: under ~/.cache)")
-    tr.add_argument("--threads", type=int, default=TrainRun.threads, help="llama.cpp threads (0: all cores)")
+    tr.add_argument("--threads", type=int, default=TrainRun.threads, help="llama.cpp threads (0: half the logical cores)")
     tr.add_argument("-q", "--quiet", action="store_true")
     tr.set_defaults(func=cmd_train)
 

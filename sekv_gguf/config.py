@@ -33,7 +33,8 @@ class ContextConfig:
 
     n_ctx: cells of the (base) KV cache; llama.cpp rounds it up to a multiple of 256.
     n_batch / n_ubatch: most tokens per ``llama_decode`` call / per compute step.
-    n_threads: CPU threads (0: all cores).
+    n_threads: CPU threads (0: half the logical cores, at least one — llama-cpp-python's default: physical cores on
+    SMT machines, and room for the rest of a desktop; measured in docs/reliability.md).
     poll: polling level (0..100) of the CPU worker threads between graph nodes; None: ggml's default (50, they spin:
     fastest alone, stalls when another busy process wants the cores); 0: they sleep (see docs/reliability.md).
     flash_attn: required for per-cell V rows (with it off V is stored transposed; the hook handles that, slower).
@@ -72,7 +73,7 @@ class ContextConfig:
 
     @property
     def threads(self) -> int:
-        return self.n_threads or (os.cpu_count() or 1)
+        return self.n_threads or max((os.cpu_count() or 1) // 2, 1)
 
     def sized(self, n_ctx: int, chunk: int) -> "ContextConfig":
         """This config with ``n_ctx`` cells and batches of ``chunk`` tokens (what a policy's context needs)."""
