@@ -27,14 +27,17 @@ def round_cells(n: int, granularity: int = CELL_GRANULARITY) -> int:
     return max(granularity, -(-int(n) // granularity) * granularity)
 
 
+THREADS_ENV = "SEKV_THREADS"  # threads when ContextConfig.n_threads is 0 (the tests set every core)
+
+
 @dataclass
 class ContextConfig:
     """How a llama_context is created for sekv_gguf.
 
     n_ctx: cells of the (base) KV cache; llama.cpp rounds it up to a multiple of 256.
     n_batch / n_ubatch: most tokens per ``llama_decode`` call / per compute step.
-    n_threads: CPU threads (0: half the logical cores, at least one — llama-cpp-python's default: physical cores on
-    SMT machines, and room for the rest of a desktop; measured in docs/reliability.md).
+    n_threads: CPU threads (0: $SEKV_THREADS if set, else half the logical cores, at least one — llama-cpp-python's
+    default: physical cores on SMT machines, and room for the rest of a desktop; measured in docs/reliability.md).
     poll: polling level (0..100) of the CPU worker threads between graph nodes; None: ggml's default (50, they spin:
     fastest alone, stalls when another busy process wants the cores); 0: they sleep (see docs/reliability.md).
     flash_attn: required for per-cell V rows (with it off V is stored transposed; the hook handles that, slower).
@@ -73,7 +76,13 @@ class ContextConfig:
 
     @property
     def threads(self) -> int:
-        return self.n_threads or max((os.cpu_count() or 1) // 2, 1)
+        """``n_threads``, or $SEKV_THREADS when it is 0, or half the logical cores (at least one)."""
+        if self.n_threads:
+            return self.n_threads
+        env = os.environ.get(THREADS_ENV, "")
+        if env.isdigit() and int(env) > 0:
+            return int(env)
+        return max((os.cpu_count() or 1) // 2, 1)
 
     def sized(self, n_ctx: int, chunk: int) -> "ContextConfig":
         """This config with ``n_ctx`` cells and batches of ``chunk`` tokens (what a policy's context needs)."""

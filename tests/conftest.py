@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -12,10 +13,13 @@ from typing import Callable, Iterator
 import numpy as np
 import pytest
 
-from sekv_gguf.config import ContextConfig
+from sekv_gguf.config import THREADS_ENV, ContextConfig
 from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.session import Session, load_model
 from sekv_gguf.tiny_models import TinySpec, write_tiny_gemma3, write_tiny_llama, write_tiny_mrope
+
+# the tests run alone on the machine: every core (ContextConfig's default is half of them); child processes inherit it
+os.environ.setdefault(THREADS_ENV, str(os.cpu_count() or 1))
 
 LLAMA_SPEC = TinySpec()
 GEMMA_SPEC = TinySpec(n_layer=6, n_head_kv=1, head_dim=32)
