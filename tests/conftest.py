@@ -127,15 +127,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
-    """``serve`` (SmolLM2, 512 device cells, logical context 4096) on a free port for a test module; its base URL."""
+def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
+    """``serve`` (SmolLM2, 512 device cells, logical context 4096, ``flags``) on a free port, up and healthy; the
+    process (stdout and stderr together, as text) and its base URL."""
     import httpx
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "serve", "--port", str(port), "--kv-budget", "512",
-                             "--n-ctx", "4096", "--alias", "smol", "--max-tokens", "48"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--n-ctx", "4096", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -143,12 +143,17 @@ def server():
             raise RuntimeError(f"serve exited: {proc.stdout.read()}")
         try:
             if httpx.get(base + "/health", timeout=1).status_code == 200:
-                break
+                return proc, base
         except httpx.HTTPError:
             time.sleep(0.3)
-    else:
-        proc.kill()
-        raise RuntimeError("serve did not come up")
+    proc.kill()
+    raise RuntimeError("serve did not come up")
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A ``start_server`` for a test module (alias "smol", replies capped at 48 tokens); its base URL."""
+    proc, base = start_server("--alias", "smol", "--max-tokens", "48")
     yield base
     proc.terminate()
     proc.wait(timeout=30)

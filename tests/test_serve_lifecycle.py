@@ -15,30 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import free_port, prose
+from conftest import free_port, prose, start_server
 
 pytestmark = pytest.mark.serve
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _start(*flags: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "serve", "--port", str(port), "--kv-budget", "512",
-                             "--n-ctx", "4096", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"serve exited: {proc.stdout.read()}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("serve did not come up")
 
 
 def _chat(text: str, max_tokens: int, stream: bool) -> dict:
@@ -47,7 +28,7 @@ def _chat(text: str, max_tokens: int, stream: bool) -> dict:
 
 
 def test_sigterm_ends_the_running_stream_with_its_last_chunk_and_exits_0():
-    proc, base = _start("--max-tokens", "2000")
+    proc, base = start_server("--max-tokens", "2000")
     events: list[str] = []
     started = threading.Event()
 
@@ -80,7 +61,7 @@ def test_sigterm_ends_the_running_stream_with_its_last_chunk_and_exits_0():
 
 
 def test_a_client_gone_during_its_prompt_frees_the_model_within_a_chunk():
-    proc, base = _start("--max-tokens", "8")
+    proc, base = start_server("--max-tokens", "8")
     try:
         long_prompt = prose(14000, 100)  # ~3000 tokens: several prompt chunks
         t0 = time.monotonic()
@@ -105,7 +86,7 @@ def test_a_client_gone_during_its_prompt_frees_the_model_within_a_chunk():
 
 
 def test_api_key_is_required_when_set():
-    proc, base = _start("--api-key", "s3cret", "--max-tokens", "4")
+    proc, base = start_server("--api-key", "s3cret", "--max-tokens", "4")
     try:
         body = _chat("Hi.", 2, False)
         assert httpx.post(base + "/v1/chat/completions", json=body, timeout=120).status_code == 401
@@ -123,7 +104,7 @@ def test_listening_beyond_the_loopback_needs_expose_and_warns():
     out = subprocess.run([sys.executable, "-m", "sekv_gguf", "serve", "--host", "0.0.0.0", "--port",
                           str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "--expose" in out.stderr and "Traceback" not in out.stderr, out.stderr
-    proc, _ = _start("--host", "0.0.0.0", "--expose", "--max-tokens", "4")
+    proc, _ = start_server("--host", "0.0.0.0", "--expose", "--max-tokens", "4")
     proc.terminate()
     assert proc.wait(timeout=60) == 0
     log = proc.stdout.read()
