@@ -179,10 +179,14 @@ class CacheModel(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def bad_release(self, data: st.DataObject) -> None:
-        newest = int(np.argmax(self.pos))
-        cells = [newest] if not len(self._empty()) else data.draw(st.sampled_from([[newest],
-                                                                                    [int(self._empty()[0])]]))
-        self._rejected(lambda: self.hook.release(cells))
+        """An empty cell, or the one cell holding the sequence's newest position (with two cells at that position,
+        either may go: claim can give a second cell the newest position)."""
+        holders = np.flatnonzero(self.pos == self._max())
+        options = ([[int(holders[0])]] if holders.size == 1 else []) + (
+            [[int(self._empty()[0])]] if len(self._empty()) else [])
+        if options:
+            cells = data.draw(st.sampled_from(options))
+            self._rejected(lambda: self.hook.release(cells))
 
     @rule(data=st.data())
     def bad_rows(self, data: st.DataObject) -> None:
