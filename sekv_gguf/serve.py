@@ -17,6 +17,7 @@ import re
 import signal
 import threading
 import time
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -70,25 +71,24 @@ class ServeConfig:
         unknown key, a value of the wrong type or out of range) is an ``InputFileError`` naming the file."""
         p = Path(path)
         text = read_text(p, "config file")
+        yaml_file = p.suffix in (".yaml", ".yml")
         try:
-            if p.suffix in (".yaml", ".yml"):
+            if yaml_file:
                 import yaml
 
                 data = yaml.safe_load(text)
             else:
                 data = json.loads(text)
-        except (ValueError, RecursionError) as e:  # json.JSONDecodeError is a ValueError
-            raise InputFileError(f"config file {p} is not valid JSON: {e}") from None
-        except Exception as e:  # yaml.YAMLError and its kin
-            raise InputFileError(f"config file {p} is not valid YAML: {e}") from None
+        except Exception as e:  # json.JSONDecodeError, RecursionError, yaml.YAMLError and its kin
+            raise InputFileError(f"config file {p} is not valid {'YAML' if yaml_file else 'JSON'}: {e}") from None
         if not isinstance(data, dict):
             raise InputFileError(f"config file {p}: expected a mapping of settings, got {type(data).__name__}")
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(str(k) for k in data if k not in known)
+        types = _setting_types(cls)
+        unknown = sorted(str(k) for k in data if k not in types)
         if unknown:
-            raise InputFileError(f"config file {p}: unknown settings {unknown}; known: {sorted(known)}")
+            raise InputFileError(f"config file {p}: unknown settings {unknown}; known: {sorted(types)}")
         for key, value in data.items():
-            want = _SETTING_TYPES[key]
+            want = types[key]
             if not isinstance(value, want) or isinstance(value, bool) and bool not in want:
                 names = "/".join("null" if t is type(None) else t.__name__ for t in want)
                 raise InputFileError(f"config file {p}: {key} must be {names}, got {value!r}")
@@ -98,13 +98,14 @@ class ServeConfig:
             raise InputFileError(f"config file {p}: {e}") from None
 
 
-_OPTIONAL_STR = (str, type(None))
-# the JSON/YAML types each setting accepts (ints are accepted where a float is wanted)
-_SETTING_TYPES: dict[str, tuple[type, ...]] = {
-    "model": _OPTIONAL_STR, "alias": _OPTIONAL_STR, "policy": (str,), "kv_budget": (int, float), "n_ctx": (int,),
-    "prefill": (str,), "adapter": _OPTIONAL_STR, "chat_format": _OPTIONAL_STR, "host": (str,), "port": (int,),
-    "api_key": _OPTIONAL_STR, "max_tokens": (int,), "threads": (int,), "memories": (int,), "expose": (bool,),
-    "shutdown_grace_s": (int, float)}
+def _setting_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """The JSON/YAML types each field of the dataclass ``cls`` accepts, from its annotations (``str | None`` ->
+    str or null; an int is accepted where a float is wanted)."""
+    out = {}
+    for f in fields(cls):
+        types = typing.get_args(f.type) or (f.type,)
+        out[f.name] = ((int,) if float in types else ()) + types
+    return out
 
 
 def load_llm(cfg: ServeConfig) -> Any:

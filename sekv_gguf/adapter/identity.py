@@ -11,9 +11,8 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
-from ..gguf_strict import StrictGGUFReader
-
 from ..errors import ModelError
+from ..gguf_strict import StrictGGUFReader
 
 
 @dataclass(frozen=True)
