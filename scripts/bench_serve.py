@@ -25,6 +25,7 @@ import httpx
 from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.models import default_chat_model_path, default_model_path
 from sekv_gguf.provenance import commit, machine
+from sekv_gguf.reliability import rss_bytes
 
 QUESTIONS = ["What is this document about?", "Which module is described first?", "Name one function it mentions.",
              "What does that function return?", "Give one warning from the text.", "Summarise it in one sentence.",
@@ -81,10 +82,7 @@ class Server:
                    * 2**20)
 
     def rss(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        return rss_bytes(self.proc.pid)
 
     def close(self) -> None:
         self.proc.terminate()

@@ -17,7 +17,7 @@ import numpy as np
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..documents import stdlib_prose
 from ..engine import full_kv_bytes, make_policy
-from .storm import rss_bytes
+from . import rss_bytes
 
 
 @dataclass(frozen=True)

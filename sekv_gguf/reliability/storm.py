@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import httpx
 
+from . import rss_bytes
+
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -120,15 +122,6 @@ def send(client: httpx.Client, base: str, req: Request) -> Result:
         ok = 400 <= status < 500 and _openai_error(body)
     note = "" if ok else body[:300].decode("utf-8", "replace")
     return Result(req.kind, status, ok, note, time.perf_counter() - t0)
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of process ``pid`` (Linux /proc)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def run_storm(base: str, n: int, seed: int = 0, workers: int = 4, pid: int | None = None,
