@@ -18,6 +18,12 @@ from conftest import prose
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
+def _sigint_default() -> None:
+    """In the child before exec: Ctrl-C as a terminal delivers it. A runner started in the background (nohup, ``&``
+    without job control) ignores SIGINT and its children inherit that; Python then installs no handler at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_for(stream, needle: bytes | None, timeout: float) -> bytes:
     """Read ``stream`` (a pipe) until ``needle`` shows up (None: any byte); what was read."""
     seen = b""
@@ -55,7 +61,8 @@ def test_ctrl_c_in_run(tiny_llama: Path, tmp_path: Path, phase: str):
         args += ["-f", str(doc), "-n", "4"]
     else:
         args += ["-p", prose(2000), "-n", "30000", "-q"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
+                            preexec_fn=_sigint_default)
     try:
         if phase == "prefill":
             _wait_for(proc.stderr, b"tok/s", 120)  # the prompt bar has moved: prefill is under way
@@ -72,7 +79,8 @@ def test_ctrl_c_in_run(tiny_llama: Path, tmp_path: Path, phase: str):
 def test_ctrl_c_in_chat():
     """On the default chat model (SmolLM2-135M-Instruct): a random model's bytes may never form UTF-8 text to show."""
     proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "chat", "--max-tokens", "2000"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
+                            preexec_fn=_sigint_default)
     try:
         _wait_for(proc.stdout, b"/quit", 120)  # the help line: the model is loaded
         proc.stdin.write(b"tell me a long story\n")
