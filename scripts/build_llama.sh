@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the patched libllama (+ ggml) from the pinned llama-cpp-python sdist; print the directory of the libraries.
 #
-#   bash scripts/build_llama.sh            release build (what setup.sh installs; SEKV_CUDA=1 for CUDA)
+#   bash scripts/build_llama.sh            release build (what setup.sh installs; SEKV_CUDA=1 for CUDA), with the RPC
+#                                          backend and its server (lib/ggml-rpc-server)
 #   bash scripts/build_llama.sh asan       AddressSanitizer + UndefinedBehaviorSanitizer build (only for tests:
 #                                          load it with LD_PRELOAD of the sanitizer runtimes, LLAMA_CPP_LIB_PATH=DIR)
 #
@@ -34,12 +35,15 @@ CMAKE_FLAGS=(
     -G Ninja
     "-DCMAKE_BUILD_TYPE=$BUILD_TYPE"
     -DBUILD_SHARED_LIBS=ON
-    -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF
     "-DCMAKE_INSTALL_RPATH=\$ORIGIN" -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
 )
+TARGETS=(llama)
 case "$VARIANT" in
     release)
+        # the RPC backend (layers on other machines) and its server, ggml-rpc-server (in llama.cpp's tools/)
+        CMAKE_FLAGS+=(-DGGML_RPC=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON)
+        TARGETS+=(ggml-rpc-server)
         if [ "$CUDA" = "1" ]; then
             CMAKE_FLAGS+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS")
         fi
@@ -49,6 +53,7 @@ case "$VARIANT" in
         fi
         ;;
     asan)
+        CMAKE_FLAGS+=(-DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TOOLS=OFF)
         SAN="-O1 -g1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
         CMAKE_FLAGS+=(-DGGML_OPENMP=OFF "-DCMAKE_C_FLAGS=$SAN"
                       "-DCMAKE_CXX_FLAGS=$SAN" "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined")
@@ -97,9 +102,12 @@ done
 start=$(date +%s)
 cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD/cmake" "${CMAKE_FLAGS[@]}" > "$BUILD/cmake.log" 2>&1 \
     || { tail -30 "$BUILD/cmake.log" >&2; die "cmake configure failed (log: $BUILD/cmake.log)"; }
-cmake --build "$BUILD/cmake" --target llama -j "$JOBS" >> "$BUILD/cmake.log" 2>&1 \
+cmake --build "$BUILD/cmake" --target "${TARGETS[@]}" -j "$JOBS" >> "$BUILD/cmake.log" 2>&1 \
     || { tail -30 "$BUILD/cmake.log" >&2; die "build failed (log: $BUILD/cmake.log)"; }
 cp -a "$BUILD/cmake/bin/"lib*.so* "$BUILD/lib/"
+for t in "${TARGETS[@]:1}"; do  # executables, beside the libraries they load through $ORIGIN
+    cp -a "$BUILD/cmake/bin/$t" "$BUILD/lib/"
+done
 log "libllama ($VARIANT) built in $(( $(date +%s) - start )) s"
 touch "$BUILD/lib/.done"
 echo "$BUILD/lib"

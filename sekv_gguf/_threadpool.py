@@ -7,10 +7,11 @@ processes want the cores; 0 makes them sleep."""
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import llama_cpp
 import llama_cpp.llama_cpp as _llama
+
+from ._ggml import lib as _lib
 
 GGML_MAX_N_THREADS = 512  # ggml.h
 
@@ -21,17 +22,6 @@ class ThreadpoolParams(ctypes.Structure):
     _fields_ = [("cpumask", ctypes.c_bool * GGML_MAX_N_THREADS), ("n_threads", ctypes.c_int),
                 ("prio", ctypes.c_int), ("poll", ctypes.c_uint32), ("strict_cpu", ctypes.c_bool),
                 ("paused", ctypes.c_bool)]
-
-
-_libs: dict[str, ctypes.CDLL] = {}
-
-
-def _lib(stem: str) -> ctypes.CDLL:
-    """A ggml library from the directory of the loaded libllama."""
-    if stem not in _libs:
-        base = Path(_llama._lib._name).parent
-        _libs[stem] = ctypes.CDLL(str(base / f"lib{stem}.so"))
-    return _libs[stem]
 
 
 def new_pool(n_threads: int, poll: int) -> int:

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from . import interrupt
+from . import interrupt, rpc
 from .config import TRAINING_FREE_SCORES, BudgetConfig, ContextConfig, SekvConfig
 from .documents import default_prompt
 from .engine import RunResult, generate, make_policy
@@ -45,10 +45,12 @@ def _model_path(arg: str | None) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     path = _model_path(args.model)
-    config = ContextConfig(n_ctx=args.n_ctx, verbose=args.verbose)
+    config = ContextConfig(n_ctx=args.n_ctx, verbose=args.verbose, **_device_config(args))
     with Session.open(path, config) as session:
         report = {"model": path, "architecture": session.model.metadata().get("general.architecture", "?"),
                   **session.hook.report()}
+        if config.rpc_servers:
+            report["devices"] = rpc.describe(rpc.devices(config.rpc_servers, config.rpc_timeout_s))
     print(json.dumps(report) if args.json else "\n".join(report_lines(report)))
     return 0
 
@@ -92,7 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     path = _model_path(args.model)
-    ctx_config = ContextConfig(verbose=args.verbose)
+    ctx_config = ContextConfig(verbose=args.verbose, **_device_config(args))
     model = load_model(path, ctx_config)
     text = _prompt(args, model)
     tokens = model.tokenize(text.encode("utf-8"), add_bos=True, special=args.chat)
@@ -165,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     run.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
+    _device_args(run)
     run.set_defaults(func=cmd_run)
 
     ev = sub.add_parser("eval", help="evaluate policies x budgets on generated tasks and teacher-forced fidelity")
@@ -194,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="add these runs to OUT/eval-NAME.json (same tasks and lengths; other policies or budgets)")
     ev.add_argument("-q", "--quiet", action="store_true", help="no progress bars or per-case lines")
     ev.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
+    _device_args(ev)
     ev.add_argument("--adapter", help="trained router adapter for sekv (its runs are reported as sekv-trained)")
     ev.add_argument("--router", choices=list(TRAINING_FREE_SCORES),
                     help=f"sekv's training-free score (default {SekvConfig.router}); others are reported as "
@@ -226,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat_help = "GGUF model (default: SmolLM2-135M-Instruct from its PyPI package)"
     sv.add_argument("model", nargs="?", help=chat_help)
     _llm_args(sv)
+    _device_args(sv)
     sv.add_argument("--host", default=ServeConfig.host, help="address to listen on (default 127.0.0.1: this machine "
                     "only; any other needs --expose)")
     sv.add_argument("--expose", action="store_true", help="allow --host to be an address other machines can reach")
@@ -242,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch = sub.add_parser("chat", help="interactive terminal chat on SekvLlama (/reset, /stats, /file PATH, /quit)")
     ch.add_argument("model", nargs="?", help=chat_help)
     _llm_args(ch)
+    _device_args(ch)
     ch.add_argument("--max-tokens", type=int, default=ServeConfig.max_tokens, help="reply tokens per turn")
     ch.add_argument("--system", help="a system message")
     ch.set_defaults(func=cmd_chat)
@@ -251,8 +257,25 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--n-ctx", type=int, default=ContextConfig.n_ctx, help="cells of the KV cache")
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
+    _device_args(info)
     info.set_defaults(func=cmd_info)
     return parser
+
+
+def _device_args(p: argparse.ArgumentParser) -> None:
+    """Where the layers run: llama.cpp RPC servers and how many layers are offloaded."""
+    p.add_argument("--rpc", metavar="HOST:PORT[,...]",
+                   help="llama.cpp RPC servers (ggml-rpc-server) that take the offloaded layers and their KV cache; "
+                        "never expose such a server to an open network")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=ContextConfig.n_gpu_layers,
+                   help="layers offloaded to the RPC servers / GPUs (-1: all)")
+    p.add_argument("--rpc-timeout", type=float, default=ContextConfig.rpc_timeout_s, metavar="SECONDS",
+                   help="an RPC call with no answer for this long fails (0: wait forever)")
+
+
+def _device_config(args: argparse.Namespace) -> dict:
+    """The ``ContextConfig`` fields of ``_device_args``."""
+    return {"rpc_servers": args.rpc or (), "n_gpu_layers": args.n_gpu_layers, "rpc_timeout_s": args.rpc_timeout}
 
 
 def _llm_args(p: argparse.ArgumentParser) -> None:
@@ -296,7 +319,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     cfg = ServeConfig(model=args.model, policy=args.policy, kv_budget=args.kv_budget, n_ctx=args.n_ctx,
                       prefill=args.prefill, adapter=args.adapter, chat_format=args.chat_format,
-                      threads=args.threads, max_tokens=args.max_tokens)
+                      threads=args.threads, max_tokens=args.max_tokens, rpc=args.rpc,
+                      n_gpu_layers=args.n_gpu_layers, rpc_timeout=args.rpc_timeout)
     llm = load_llm(cfg)
     try:
         prompt = (lambda: print("> ", end="", file=sys.stderr, flush=True)) if sys.stdin.isatty() else None
@@ -337,7 +361,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                      seed=args.seed, depths=tuple(args.depths), adapter=args.adapter,
                      sekv=({"router": args.router} if args.router else {}) | sekv_overrides(args.sekv or []))
     path = _model_path(args.model)
-    ctx_config = ContextConfig(verbose=args.verbose, n_threads=args.threads)
+    ctx_config = ContextConfig(verbose=args.verbose, n_threads=args.threads, **_device_config(args))
     router = TrainedRouter.from_file(args.adapter, path, args.verify_candidates) if args.adapter else None
     model = load_model(path, ctx_config)
     log = None if args.quiet else (lambda line: tqdm.write(line, file=sys.stderr))

@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 
 from gguf import GGMLQuantizationType
 
+from .endpoints import parse_endpoints
+
 # K/V cache types the hook can address per cell
 KV_TYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16}
 
@@ -43,7 +45,12 @@ class ContextConfig:
     flash_attn: required for per-cell V rows (with it off V is stored transposed; the hook handles that, slower).
     swa_full: keep False so that iSWA models (Gemma 3) allocate a window-sized SWA cache, not a full one.
     type_k / type_v: cache element types ("f16" or "f32").
-    n_gpu_layers: layers offloaded to the GPU (-1: all; ignored by a CPU build).
+    n_gpu_layers: layers offloaded to the GPU or the RPC servers (-1: all; ignored by a CPU build without them).
+    rpc_servers: ``HOST:PORT`` of llama.cpp RPC servers (``ggml-rpc-server``) whose devices take the offloaded layers
+        (and their KV cache) before this machine's GPUs; empty: none (see ``sekv_gguf.rpc``).
+    rpc_timeout_s: an RPC call that gets no answer for this long fails (0: wait forever).
+    repack_weights: let the CPU backend repack quantized weights for its faster kernels (llama.cpp's default). Off,
+        the local CPU computes with the same kernels as an RPC server's CPU, bit for bit.
     verbose: let llama.cpp log to stderr.
     """
 
@@ -57,9 +64,18 @@ class ContextConfig:
     type_k: str = "f16"
     type_v: str = "f16"
     n_gpu_layers: int = -1
+    rpc_servers: tuple[str, ...] = ()
+    rpc_timeout_s: float = 300.0
+    repack_weights: bool = True
     verbose: bool = False
 
     def __post_init__(self) -> None:
+        if self.rpc_servers:
+            self.rpc_servers = parse_endpoints(self.rpc_servers)
+        else:
+            self.rpc_servers = ()
+        if not self.rpc_timeout_s >= 0:
+            raise ValueError(f"rpc_timeout_s must be >= 0, got {self.rpc_timeout_s}")
         if self.n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {self.n_ctx}")
         if self.n_batch < 1 or self.n_ubatch < 1:

@@ -56,3 +56,12 @@ class InputFileError(SekvError, ValueError):
 class RequestCancelled(SekvError):
     """A request was cancelled (its client went away, or the server is shutting down) while its prompt was being
     evaluated."""
+
+
+class RpcError(SekvError):
+    """An RPC server (llama.cpp's RPC backend) cannot be used: malformed endpoint, unreachable, not answering, or
+    this build has no RPC backend."""
+
+
+class RpcEndpointError(RpcError, ValueError):
+    """An RPC server's address is not ``HOST:PORT``."""

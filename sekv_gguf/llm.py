@@ -21,7 +21,9 @@ from typing import Any, Generator, Iterator, Sequence
 import llama_cpp
 import numpy as np
 
+from . import model_params
 from .config import KV_TYPES, BudgetConfig, ContextConfig, SekvConfig
+from .endpoints import parse_endpoints
 from .engine import make_policy
 from .errors import RequestCancelled, SekvError
 from .memory import MemoryConfig, Memories
@@ -86,13 +88,17 @@ class SekvLlama(llama_cpp.Llama):
 
     Extra arguments: ``policy`` (a name of ``sekv_gguf.policies.POLICIES``), ``kv_budget`` (device cells, or a
     fraction of ``n_ctx``), ``prefill`` (SeKV's prefill mode), ``adapter`` (a trained router GGUF for SeKV),
-    ``memories`` (a ``MemoryConfig``). ``n_ctx`` is the logical context (0: the model's training context); prompts
+    ``memories`` (a ``MemoryConfig``), ``rpc_servers`` (``"HOST:PORT,..."`` of llama.cpp RPC servers that take the
+    offloaded layers; ``n_gpu_layers`` says how many), ``rpc_timeout_s``, ``repack_weights`` (``ContextConfig``).
+    ``n_ctx`` is the logical context (0: the model's training context); prompts
     longer than the device cells work up to it. ``counters`` says what each request evaluated and reused.
     """
 
     def __init__(self, model_path: str, *, policy: str = "sekv", kv_budget: float = BudgetConfig.kv_budget,
                  prefill: str = SekvConfig.prefill, adapter: str | None = None, memories: MemoryConfig | None = None,
                  n_ctx: int = 0, n_batch: int = 512, n_threads: int | None = None, n_gpu_layers: int = -1,
+                 rpc_servers: str | Sequence[str] | None = None, rpc_timeout_s: float = ContextConfig.rpc_timeout_s,
+                 repack_weights: bool = ContextConfig.repack_weights,
                  flash_attn: bool = True, type_k: int | None = None, type_v: int | None = None,
                  logits_all: bool = False, embedding: bool = False, lora_path: str | None = None,
                  draft_model: Any = None, chat_handler: Any = None, chat_format: str | None = None,
@@ -113,10 +119,13 @@ class SekvLlama(llama_cpp.Llama):
             raise ValueError(f"adapter is a router for the sekv policy, not for {policy}")
         kwargs.pop("n_ubatch", None)  # the policy's context decodes in batches of n_batch
         kwargs.setdefault("swa_full", False)  # the throwaway context stays small (and quiet) on iSWA models
-        super().__init__(model_path, n_ctx=THROWAWAY_CELLS, n_batch=min(n_batch, THROWAWAY_CELLS),
-                         n_ubatch=min(n_batch, THROWAWAY_CELLS), n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                         flash_attn=flash_attn, chat_handler=chat_handler, chat_format=chat_format,
-                         verbose=verbose, **kwargs)
+        devices = ContextConfig(n_gpu_layers=n_gpu_layers, rpc_servers=parse_endpoints(rpc_servers) if rpc_servers
+                                else (), rpc_timeout_s=rpc_timeout_s, repack_weights=repack_weights)
+        with model_params.for_llama(devices):
+            super().__init__(model_path, n_ctx=THROWAWAY_CELLS, n_batch=min(n_batch, THROWAWAY_CELLS),
+                             n_ubatch=min(n_batch, THROWAWAY_CELLS), n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                             flash_attn=flash_attn, chat_handler=chat_handler, chat_format=chat_format,
+                             verbose=verbose, **kwargs)
         self._ctx.close()  # the throwaway context; the policy's context replaces it
         self.n_batch = n_batch
         n_train = self._model.n_ctx_train()
@@ -129,7 +138,8 @@ class SekvLlama(llama_cpp.Llama):
         ctx_config = ContextConfig(n_threads=self.context_params.n_threads, flash_attn=flash_attn,
                                    type_k=kv_types.get(int(type_k), "f16") if type_k is not None else "f16",
                                    type_v=kv_types.get(int(type_v), "f16") if type_v is not None else "f16",
-                                   n_gpu_layers=n_gpu_layers, verbose=verbose)
+                                   n_gpu_layers=n_gpu_layers, rpc_servers=devices.rpc_servers,
+                                   rpc_timeout_s=rpc_timeout_s, repack_weights=repack_weights, verbose=verbose)
         budget = BudgetConfig(kv_budget=kv_budget, chunk=n_batch)
         params = SekvConfig(prefill=prefill) if policy == "sekv" else None
         router = TrainedRouter.from_file(adapter, model_path) if adapter else None

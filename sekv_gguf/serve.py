@@ -22,7 +22,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .config import BudgetConfig, SekvConfig
+from .config import BudgetConfig, ContextConfig, SekvConfig
+from .endpoints import parse_endpoints
 from .errors import InputFileError, SekvError
 from .memory import MemoryConfig
 from .textfile import read_text
@@ -36,7 +37,8 @@ DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens gets at most this
 class ServeConfig:
     """What ``serve`` runs: model (default: SmolLM2-135M-Instruct), alias (default: the file's stem), policy,
     kv_budget, n_ctx (logical; 0: the model's training context), prefill, adapter, chat_format (for a GGUF without
-    a chat template), host, port, api_key, max_tokens (cap for requests without one), threads, memories."""
+    a chat template), host, port, api_key, max_tokens (cap for requests without one), threads, memories, rpc (RPC
+    servers), n_gpu_layers."""
 
     model: str | None = None
     alias: str | None = None
@@ -52,6 +54,9 @@ class ServeConfig:
     max_tokens: int = DEFAULT_MAX_TOKENS
     threads: int = 0
     memories: int = MemoryConfig.memories
+    rpc: str | None = None  # HOST:PORT[,HOST:PORT...] of llama.cpp RPC servers that take the offloaded layers
+    n_gpu_layers: int = -1  # layers offloaded to the GPUs / RPC servers (-1: all)
+    rpc_timeout: float = ContextConfig.rpc_timeout_s  # an RPC call with no answer for this long fails (0: never)
     expose: bool = False  # required to listen on an address other than the loopback
     shutdown_grace_s: float = 10.0  # on SIGTERM, how long a running stream may take to send its last chunk
 
@@ -59,8 +64,11 @@ class ServeConfig:
         if self.max_tokens < 1 or not 0 < self.port < 65536 or self.threads < 0 or self.memories < 1:
             raise ValueError(f"need max_tokens >= 1, a port in 1..65535, threads >= 0, memories >= 1; got {self}")
         BudgetConfig(kv_budget=self.kv_budget)  # validates
-        if self.n_ctx < 0 or not self.shutdown_grace_s >= 0:
-            raise ValueError(f"need n_ctx >= 0 and shutdown_grace_s >= 0; got {self.n_ctx}, {self.shutdown_grace_s}")
+        if self.n_ctx < 0 or not self.shutdown_grace_s >= 0 or not self.rpc_timeout >= 0:
+            raise ValueError(f"need n_ctx >= 0, shutdown_grace_s >= 0 and rpc_timeout >= 0; got {self.n_ctx}, "
+                             f"{self.shutdown_grace_s}, {self.rpc_timeout}")
+        if self.rpc:
+            parse_endpoints(self.rpc)  # RpcEndpointError (a ValueError) names the bad one
         if not self.expose and not is_loopback(self.host):
             raise ValueError(f"--host {self.host} would serve the model to the network: add --expose to mean it "
                              "(and set --api-key)")
@@ -116,7 +124,8 @@ def load_llm(cfg: ServeConfig) -> Any:
     path = cfg.model or str(default_chat_model_path())
     return SekvLlama(path, policy=cfg.policy, kv_budget=cfg.kv_budget, n_ctx=cfg.n_ctx, prefill=cfg.prefill,
                      adapter=cfg.adapter, chat_format=cfg.chat_format, n_threads=cfg.threads or None,
-                     memories=MemoryConfig(memories=cfg.memories))
+                     memories=MemoryConfig(memories=cfg.memories), rpc_servers=cfg.rpc,
+                     n_gpu_layers=cfg.n_gpu_layers, rpc_timeout_s=cfg.rpc_timeout)
 
 
 class _Proxy:

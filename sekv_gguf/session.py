@@ -17,7 +17,7 @@ import llama_cpp._internals as _internals
 import llama_cpp._logger as _llama_logger
 
 from .config import KV_TYPES, ContextConfig
-from . import _threadpool, interrupt
+from . import _threadpool, interrupt, model_params
 from .errors import ModelError, SekvError
 from . import native
 from .hook import KVHook
@@ -44,12 +44,13 @@ def load_model(path: str | Path, config: ContextConfig | None = None) -> _intern
     config = config or ContextConfig()
     p = check_gguf_file(path)
     _llama_logger.set_verbose(config.verbose)
-    mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = config.n_gpu_layers
-    try:
-        return _internals.LlamaModel(path_model=str(p), params=mparams, verbose=config.verbose)
-    except ValueError as e:
-        raise ModelError(f"llama.cpp could not load {p} (corrupt file or unsupported architecture): {e}") from e
+    with model_params.params(config) as mparams:
+        try:
+            return _internals.LlamaModel(path_model=str(p), params=mparams, verbose=config.verbose)
+        except ValueError as e:
+            where = f" onto RPC servers {','.join(config.rpc_servers)}" if config.rpc_servers else ""
+            raise ModelError(f"llama.cpp could not load {p}{where} (corrupt file, unsupported architecture, or a "
+                             f"device out of memory): {e}") from e
 
 
 def apply_chat_template(model: _internals.LlamaModel, text: str) -> str:
