@@ -21,7 +21,7 @@ from sekv_gguf.engine import generate, make_policy
 from sekv_gguf.models import default_model_path
 from sekv_gguf.provenance import commit, machine
 from sekv_gguf.session import load_model
-from sekv_gguf.tiny_models import TinySpec, write_tiny_llama
+from sekv_gguf.tiny_models import SHAPED, TinySpec, write_shaped, write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("full", "sekv")
@@ -93,6 +93,8 @@ def main() -> int:
     ap.add_argument("--n-predict", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads per context (0: half the logical cores)")
+    ap.add_argument("--shaped", action="append", default=[], metavar="NAME=LEN[,LEN...]",
+                    help=f"random-weight models shaped like real ones ({', '.join(SHAPED)}) at these lengths")
     ap.add_argument("--out", default=str(ROOT / "bench" / "engine"))
     args = ap.parse_args()
 
@@ -112,6 +114,15 @@ def main() -> int:
             for n in args.tiny:
                 cases += run_case(model, "tiny-llama", n, 0.5, args.n_predict, args.budget, args.min_budget, args.seed,
                                   ctx_config)
+
+    for item in args.shaped:
+        name, _, lengths = item.partition("=")
+        with tempfile.TemporaryDirectory() as tmp:
+            model = load_model(write_shaped(Path(tmp) / f"{name}.gguf", name), ctx_config)
+            for n in (int(x) for x in lengths.split(",") if x):
+                cases += run_case(model, f"{name}-shaped", n, 0.5, args.n_predict, args.budget, args.min_budget,
+                                  args.seed, ctx_config)
+            del model
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -162,3 +162,25 @@ def write_tiny_mrope(path: str | Path, spec: TinySpec = TinySpec(n_head_kv=4)) -
 def tiny_weights(spec: TinySpec, gemma: bool = False) -> dict[str, np.ndarray]:
     """The weights ``write_tiny_*`` store for ``spec`` (for reference computations in numpy)."""
     return _weights(spec, len(vocab()[0]), gemma)
+
+
+# Random-weight models with the attention and layer shapes of real ones (their vocabulary stays the tiny one): what
+# the GPU check and scaling benchmarks run where the real files cannot travel. KV bytes per token and attention cost
+# are the real models'; the output layer is smaller, so prefill is a little faster than theirs.
+SHAPED = {
+    # Gemma 3 270M: 18 layers (5 sliding-window per global), 4 query heads, 1 KV head x 256, window 512
+    "gemma3-270m": ("gemma3", TinySpec(n_layer=18, n_embd=640, n_head=4, n_head_kv=1, head_dim=256, n_ff=2048,
+                                       n_ctx_train=131072, rope_base=1e6, rms_eps=1e-6, swa_window=512,
+                                       swa_pattern=6)),
+    # Llama 3.2 1B: 16 layers, 32 query heads, 8 KV heads x 64, full attention
+    "llama-1b": ("llama", TinySpec(n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192,
+                                   n_ctx_train=131072, rope_base=5e5)),
+}
+
+
+def write_shaped(path: str | Path, name: str) -> Path:
+    """The ``SHAPED[name]`` random-weight model at ``path``."""
+    if name not in SHAPED:
+        raise ValueError(f"unknown shape {name!r}; choose from {sorted(SHAPED)}")
+    arch, spec = SHAPED[name]
+    return _write(Path(path), arch, spec, gemma=arch == "gemma3")

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Pack what scripts/gpu_check.sh needs on a GPU machine with no network into .gpu/ (git-ignored; < 64 MiB):
+#   .gpu/llama-src.tar.gz   the pinned llama-cpp-python sdist with patches/ applied, trimmed to what a CUDA build of
+#                           libllama needs (llama_cpp/ Python package; llama.cpp's CMake files, ggml with its CPU
+#                           and CUDA backends, src/, include/, vendor/) — no docs, models, tests, tools or other
+#                           backends
+#   .gpu/wheels/            Python 3.12 wheels of the packages such a machine may lack (gguf, cffi, pycparser,
+#                           diskcache); numpy, scipy, tqdm, jinja2, PyYAML, matplotlib, pytest, hypothesis are
+#                           expected there
+#
+#   bash scripts/gpu_pack.sh        (here, where pip reaches PyPI; then the device runs scripts/gpu_check.sh)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/pins.sh
+source "$ROOT/scripts/pins.sh"
+CACHE="${SEKV_CACHE:-$HOME/.cache/sekv_gguf}"
+PY="${PYTHON:-python3}"
+OUTDIR="$ROOT/.gpu"
+SDIST="$CACHE/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+WHEELS=(gguf==0.19.0 cffi==2.1.1 pycparser==3.12 diskcache==5.6.3)
+
+log() { printf '[gpu-pack] %s\n' "$*" >&2; }
+die() { printf '[gpu-pack] error: %s\n' "$*" >&2; exit 1; }
+
+# the sdist (fetched and hash-checked by the release build)
+[ -f "$SDIST" ] || bash "$ROOT/scripts/build_llama.sh" release >/dev/null
+echo "$LLAMA_CPP_PYTHON_SHA256  $SDIST" | sha256sum -c --status || die "sha256 of $SDIST does not match scripts/pins.sh"
+
+rm -rf "$OUTDIR" && mkdir -p "$OUTDIR/wheels"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+tar xzf "$SDIST" -C "$TMP"
+NAME="llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+SRC="$TMP/$NAME/vendor/llama.cpp"
+for p in "$ROOT"/patches/*.patch; do
+    (cd "$SRC" && git apply --check "$p" && git apply "$p") || die "patch $(basename "$p") does not apply"
+done
+KEEP_GGML_SRC=(CMakeLists.txt ggml-cpu ggml-cuda ggml-blas '*.c' '*.cpp' '*.h' '*.in')
+(
+    cd "$TMP/$NAME"
+    find vendor/llama.cpp -mindepth 1 -maxdepth 1 \
+        ! -name CMakeLists.txt ! -name cmake ! -name ggml ! -name src ! -name include ! -name vendor \
+        ! -name LICENSE ! -name common -exec rm -rf {} +
+    rm -rf vendor/llama.cpp/common  # LLAMA_BUILD_COMMON=OFF
+    cd vendor/llama.cpp/ggml/src
+    for d in */; do
+        d="${d%/}"
+        case " ${KEEP_GGML_SRC[*]} " in *" $d "*) ;; *) rm -rf "$d" ;; esac
+    done
+)
+tar czf "$OUTDIR/llama-src.tar.gz" -C "$TMP" "$NAME/llama_cpp" "$NAME/vendor"
+log "sources: $(du -h "$OUTDIR/llama-src.tar.gz" | cut -f1)"
+
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$OUTDIR/wheels" "${WHEELS[@]}"
+log "wheels: $(ls "$OUTDIR/wheels" | tr '\n' ' ')"
+log "total: $(du -sh "$OUTDIR" | cut -f1) (the device call carries .gpu: run scripts/gpu_check.sh there)"
