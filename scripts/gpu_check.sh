@@ -4,7 +4,10 @@
 # full vs sekv at long contexts; print one JSON summary (and write it to $OUT/gpu.json, or bench/gpu.json).
 #
 #   here:        bash scripts/gpu_pack.sh          # .gpu/: trimmed patched sources + wheels (< 64 MiB, git-ignored)
-#   on the GPU:  bash scripts/gpu_check.sh         # from the repository root, with .gpu/ beside it
+#   on the GPU:  bash scripts/gpu_check.sh build   # one command (~6-7 min on 16 cores: docs/gpu.md), then
+#                bash scripts/gpu_check.sh check   # a second one on the same (warm) machine: tests + benchmark
+#                bash scripts/gpu_check.sh         # both in one command, if the build is quick enough there
+# from the repository root, with .gpu/ carried; the build is kept in .gpu-work/ (git-ignored) between the two.
 #
 # Stages, each timed and each under its own time limit so that the whole fits one 10-minute command on a 16-core
 # machine (sizes measured with this machine's nvcc: docs/gpu.md):
@@ -26,17 +29,21 @@ cd "$ROOT"
 # shellcheck source=scripts/pins.sh
 source "$ROOT/scripts/pins.sh"
 T0=$(date +%s)
-BUDGET="${GPU_CHECK_BUDGET_S:-540}"
 ARCHS="${SEKV_CUDA_ARCHS:-90}"
 RESULTS="${OUT:-$ROOT/bench}"
-WORK="${TMPDIR:-/tmp}/sekv-gpu-check"
+WORK="$ROOT/.gpu-work"  # git-ignored, not carried: a warm machine keeps it between calls
+WHAT="${1:-all}"
+case "$WHAT" in build|check|all) ;; *) echo "usage: gpu_check.sh [build|check|all]" >&2; exit 2 ;; esac
+DEFAULT_BUDGET=540
+[ "$WHAT" = build ] && DEFAULT_BUDGET=580
+BUDGET="${GPU_CHECK_BUDGET_S:-$DEFAULT_BUDGET}"
 PY="${GPU_CHECK_PYTHON:-python3}"
 WHEELS="${GPU_CHECK_WHEELS:-.gpu/wheels}"
-CMAKE_ARGS="${GPU_CHECK_CMAKE_ARGS:--DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCHS}"
+CMAKE_ARGS="${GPU_CHECK_CMAKE_ARGS--DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCHS}"
 SHAPES="${GPU_CHECK_SHAPES:-gemma3-270m=32768 llama-1b=32768 llama-1b=65536 llama-1b=131072}"
 mkdir -p "$RESULTS" "$WORK/log"
 SUMMARY="$WORK/stages.jsonl"
-: > "$SUMMARY"
+[ "$WHAT" = check ] || : > "$SUMMARY"
 
 log() { printf '[gpu-check %4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
@@ -52,7 +59,8 @@ stage() {
     [ "$limit" -gt "$l" ] && limit=$l
     local s; s=$(date +%s)
     log "$name: start (limit $limit s)"
-    timeout --kill-after=10 "$limit" "$@" > "$WORK/log/$name.log" 2>&1
+    # (bash -c: the stage may be one of the functions below, exported)
+    timeout --kill-after=10 "$limit" bash -c '"$@"' stage "$@" > "$WORK/log/$name.log" 2>&1
     local rc=$?
     local took=$(( $(date +%s) - s ))
     local status=ok
@@ -65,13 +73,19 @@ stage() {
 }
 
 [ -f .gpu/llama-src.tar.gz ] || { log "error: .gpu/llama-src.tar.gz missing: run scripts/gpu_pack.sh first"; exit 2; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$WORK/gpu.txt" 2>&1 || true
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$WORK/gpu.txt" 2>&1
+else
+    echo "no nvidia-smi" > "$WORK/gpu.txt"
+fi
 log "GPU: $(cat "$WORK/gpu.txt"); $(nproc) cores; $($PY --version 2>&1)"
 
 # Python packages the image may lack (pure or cp312 wheels), then our sources on the path
 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" "$WHEELS"/*.whl \
     || { log "error: wheel install failed"; exit 2; }
-rm -rf "$WORK/src" && mkdir -p "$WORK/src" && tar xzf .gpu/llama-src.tar.gz -C "$WORK/src"
+if [ "$WHAT" != check ]; then
+    rm -rf "$WORK/src" "$WORK/build" && mkdir -p "$WORK/src" && tar xzf .gpu/llama-src.tar.gz -C "$WORK/src"
+fi
 PKG="$WORK/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
 LLAMA="$PKG/vendor/llama.cpp"
 export PYTHONPATH="$ROOT:$PKG:$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -105,9 +119,18 @@ with Session.open(p, ContextConfig(n_ctx=256, verbose=True)) as s:
 EOF
 }
 
-stage build 420 build
-BUILD_OK=$?
-if [ $BUILD_OK -eq 0 ]; then
+export LLAMA WORK CMAKE_ARGS PKG PY
+export -f build native tests
+BUILD_OK=0
+if [ "$WHAT" != check ]; then
+    limit=420
+    [ "$WHAT" = build ] && limit=570
+    stage build "$limit" build
+    BUILD_OK=$?
+elif [ ! -f "$PKG/llama_cpp/lib/libllama.so" ]; then
+    log "error: no build in $WORK: run 'gpu_check.sh build' first"; exit 2
+fi
+if [ "$WHAT" != build ] && [ $BUILD_OK -eq 0 ]; then
     stage native 60 native && stage tests 150 tests
     grep -o "dev = [A-Za-z0-9]*" "$WORK/log/tests.log" | sort | uniq -c >&2 || true
     # longest contexts last: each length its own process and JSON, so a timeout loses one case only

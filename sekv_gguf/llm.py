@@ -23,7 +23,6 @@ import numpy as np
 
 from . import model_params
 from .config import KV_TYPES, BudgetConfig, ContextConfig, SekvConfig
-from .endpoints import parse_endpoints
 from .engine import make_policy
 from .errors import RequestCancelled, SekvError
 from .memory import MemoryConfig, Memories
@@ -90,8 +89,8 @@ class SekvLlama(llama_cpp.Llama):
     fraction of ``n_ctx``), ``prefill`` (SeKV's prefill mode), ``adapter`` (a trained router GGUF for SeKV),
     ``memories`` (a ``MemoryConfig``), ``rpc_servers`` (``"HOST:PORT,..."`` of llama.cpp RPC servers that take the
     offloaded layers; ``n_gpu_layers`` says how many), ``rpc_timeout_s``, ``repack_weights`` (``ContextConfig``).
-    ``n_ctx`` is the logical context (0: the model's training context); prompts
-    longer than the device cells work up to it. ``counters`` says what each request evaluated and reused.
+    ``n_ctx`` is the logical context (0: the model's training context); prompts longer than the device cells work up
+    to it. ``counters`` says what each request evaluated and reused.
     """
 
     def __init__(self, model_path: str, *, policy: str = "sekv", kv_budget: float = BudgetConfig.kv_budget,
@@ -119,8 +118,8 @@ class SekvLlama(llama_cpp.Llama):
             raise ValueError(f"adapter is a router for the sekv policy, not for {policy}")
         kwargs.pop("n_ubatch", None)  # the policy's context decodes in batches of n_batch
         kwargs.setdefault("swa_full", False)  # the throwaway context stays small (and quiet) on iSWA models
-        devices = ContextConfig(n_gpu_layers=n_gpu_layers, rpc_servers=parse_endpoints(rpc_servers) if rpc_servers
-                                else (), rpc_timeout_s=rpc_timeout_s, repack_weights=repack_weights)
+        devices = ContextConfig(n_gpu_layers=n_gpu_layers, rpc_servers=rpc_servers or (),  # type: ignore[arg-type]
+                                rpc_timeout_s=rpc_timeout_s, repack_weights=repack_weights)
         with model_params.for_llama(devices):
             super().__init__(model_path, n_ctx=THROWAWAY_CELLS, n_batch=min(n_batch, THROWAWAY_CELLS),
                              n_ubatch=min(n_batch, THROWAWAY_CELLS), n_threads=n_threads, n_gpu_layers=n_gpu_layers,
