@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -179,7 +180,8 @@ class RpcServer:
                 self.port = s.getsockname()[1]
         self.proc = subprocess.Popen([str(server_path()), "-H", self.host, "-p", str(self.port),
                                       "-t", str(self.threads)],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     preexec_fn=_die_with_parent)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -211,6 +213,16 @@ class RpcServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the thread that started it ends (its process exiting, also by os._exit
+    after a lost server), so that no server outlives its starter. Start servers from a long-lived thread."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _listening(host: str, port: int) -> bool:
