@@ -48,7 +48,7 @@ OTHER_ABORT_EXIT = 70  # exit status after any other llama.cpp abort while the h
 def _check_reachable(endpoint: str, timeout_s: float) -> None:
     host, _, port = endpoint.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
+        with socket.create_connection((host, int(port)), timeout=timeout_s or None):  # 0: no timeout
             pass
     except OSError as e:
         raise RpcError(f"RPC server {endpoint} cannot be reached ({e.strerror or e}): is {SERVER_EXE} running "
