@@ -14,35 +14,25 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/pins.sh
 source "$ROOT/scripts/pins.sh"
-CACHE="${SEKV_CACHE:-$HOME/.cache/sekv_gguf}"
 PY="${PYTHON:-python3}"
 OUTDIR="$ROOT/.gpu"
-SDIST="$CACHE/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
 WHEELS=(gguf==0.19.0 cffi==2.1.1 pycparser==3.12 diskcache==5.6.3)
 
 log() { printf '[gpu-pack] %s\n' "$*" >&2; }
-die() { printf '[gpu-pack] error: %s\n' "$*" >&2; exit 1; }
 
-# the sdist (fetched and hash-checked by the release build)
-[ -f "$SDIST" ] || bash "$ROOT/scripts/build_llama.sh" release >/dev/null
-echo "$LLAMA_CPP_PYTHON_SHA256  $SDIST" | sha256sum -c --status || die "sha256 of $SDIST does not match scripts/pins.sh"
-
+# the patched sources of the release build (scripts/build_llama.sh fetches, hash-checks and patches them; cached)
+LIB="$(PYTHON="$PY" bash "$ROOT/scripts/build_llama.sh" release)"
+NAME="llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
 rm -rf "$OUTDIR" && mkdir -p "$OUTDIR/wheels"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
-tar xzf "$SDIST" -C "$TMP"
-NAME="llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
-SRC="$TMP/$NAME/vendor/llama.cpp"
-for p in "$ROOT"/patches/*.patch; do
-    (cd "$SRC" && git apply --check "$p" && git apply "$p") || die "patch $(basename "$p") does not apply"
-done
+cp -a "$(dirname "$LIB")/src/$NAME" "$TMP/"
 KEEP_GGML_SRC=(CMakeLists.txt ggml-cpu ggml-cuda ggml-blas '*.c' '*.cpp' '*.h' '*.in')
 (
     cd "$TMP/$NAME"
     find vendor/llama.cpp -mindepth 1 -maxdepth 1 \
         ! -name CMakeLists.txt ! -name cmake ! -name ggml ! -name src ! -name include ! -name vendor \
-        ! -name LICENSE ! -name common -exec rm -rf {} +
-    rm -rf vendor/llama.cpp/common  # LLAMA_BUILD_COMMON=OFF
+        ! -name LICENSE -exec rm -rf {} +
     cd vendor/llama.cpp/ggml/src
     for d in */; do
         d="${d%/}"
