@@ -153,3 +153,13 @@ def test_the_committed_gemma_adapter_still_reads():
     a = read_adapter(path)
     assert a.base.architecture == "gemma3" and a.layers == [5, 11, 17] and (a.n_head, a.n_head_kv) == (4, 1)
     assert all(w.shape == (a.n_head, a.proj_dim, a.head_dim) for w in a.w) and a.train["commit"]
+
+
+def test_weights_that_do_not_match_the_header_are_refused_naming_the_file(tiny_llama, tmp_path):
+    """A bias tensor of the wrong length (found by the fuzz test): the shape check inside ``RouterAdapter`` does not
+    know the file; ``read_adapter`` names it."""
+    a = _adapter(model_identity(tiny_llama), np.random.default_rng(3))
+    a.b = [np.zeros(0, np.float32)]  # after construction: the writer does not check, the reader must
+    path = write_adapter(tmp_path / "r.gguf", a)
+    with pytest.raises(AdapterError, match=f"^{path}: layer 1: weights .* do not match n_head 4"):
+        read_adapter(path)

@@ -132,8 +132,10 @@ def read_adapter(path: str | Path) -> RouterAdapter:
         raise AdapterError(f"{path} is not a readable GGUF file (corrupt or truncated): {e}") from e
     try:
         return _parse(reader, path)
-    except AdapterError:
-        raise
+    except AdapterError as e:  # RouterAdapter's own shape checks do not know the file: name it
+        if str(path) in str(e):
+            raise
+        raise AdapterError(f"{path}: {e}") from e
     except Exception as e:  # wrong field types, absurd counts and shapes, data past the end of the file, ...
         raise AdapterError(f"{path} is a damaged router adapter ({type(e).__name__}: {e})") from e
 
