@@ -194,6 +194,13 @@ class SekvConfig:
         bounds the host->device traffic of a step, the zoom cache keeps what is already resident.
     zoom_lag_refresh: re-decode the last ``refresh_tokens`` prompt tokens after the first routing, so the end of the
         prompt (typically the question) and the first generated token see the zoomed spans, not only summaries.
+    turn_tokens: an append of at most this many tokens into a memory that already holds tokens is a *turn* (a
+        conversation's next message, whose time to first token a user waits for): it is decoded with logits for its
+        last token only (its first token's surprisal comes from the previous logits, the others take the mean
+        surprisal seen so far) instead of a logits row per token, which on Gemma's 262K vocabulary doubles the
+        cost of a short turn. Its tail is refreshed like a prompt's: the question's own tokens must read the spans
+        it zoomed (refreshing only its last 1/8/16 of 40 tokens lost 3/3/2 of 3 needles in a multi-turn case that
+        a full refresh holds). 0: every append is scored.
     elastic_window: give the recent window every cell that sinks, anchors, summary rows and the zoom slots do not
         hold (less the next decode's tokens and a span's worth of pending tokens); it shrinks back as spans
         arrive, never below the budget's fixed window. Off: the window is the budget's fixed window.
@@ -219,6 +226,7 @@ class SekvConfig:
     max_new_zooms: int = 2
     zoom_lag_refresh: bool = True
     refresh_tokens: int = 32
+    turn_tokens: int = 64
     elastic_window: bool = True
     compress_when_fits: bool = False
 
@@ -233,6 +241,8 @@ class SekvConfig:
             raise ValueError(f"energy must be in (0, 1], got {self.energy}")
         if self.refresh_tokens < 1:
             raise ValueError(f"refresh_tokens must be >= 1, got {self.refresh_tokens}")
+        if self.turn_tokens < 0:
+            raise ValueError(f"turn_tokens must be >= 0, got {self.turn_tokens}")
         if self.route_every < 1 or self.max_new_zooms < 1:
             raise ValueError(f"route_every and max_new_zooms must be >= 1, got {self.route_every}, {self.max_new_zooms}")
         if self.energy_v is not None and not 0 < self.energy_v <= 1:

@@ -59,6 +59,11 @@ class Segmenter:
         self._sq += float((s * s).sum())
 
     @property
+    def mean(self) -> float:
+        """Mean surprisal seen so far (0 before any)."""
+        return self._sum / self._n if self._n else 0.0
+
+    @property
     def threshold(self) -> float:
         if self._n == 0:
             return float("inf")

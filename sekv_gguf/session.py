@@ -115,6 +115,7 @@ class Session:
             self._batch.seq_id[i][0] = 0
         self._hook: KVHook | None = None
         self.decoded_tokens = 0  # tokens through llama_decode so far (what a memory's reuse saves is read here)
+        self.output_rows = 0     # logits rows those decodes computed (each one a pass through the output layer)
 
     # -- construction ------------------------------------------------------------------------------------------
 
@@ -192,6 +193,7 @@ class Session:
             self._out[n - 1] = 1
         self._batch.n_tokens = n
         self.decoded_tokens += n
+        self.output_rows += n if outputs == "all" else int(outputs == "last")
         rc = llama_cpp.llama_decode(self.ctx, self._batch)
         interrupt.check()  # a Ctrl-C that llama.cpp's log callback swallowed during the decode
         if rc != 0:

@@ -142,3 +142,35 @@ def test_sekv_refuses_a_truncation_in_the_first_span(llama_model):
         check_invariants(policy)
     finally:
         policy.close()
+
+
+@pytest.mark.parametrize("which", ["llama", "gemma"])
+def test_a_turn_is_decoded_without_a_logits_row_per_token(llama_model, gemma_model, which):
+    """A conversation's next message (a short append into a memory that holds tokens) is decoded with one logits
+    row, and its tail once more after the routing (one row): its tokens past the first take the mean surprisal seen
+    so far (the first one's comes from the previous logits). ``turn_tokens=0`` gives back the prompt's path: a
+    logits row per token, every token its own surprisal. Both re-decode the same tail."""
+    model = llama_model if which == "llama" else gemma_model
+    doc, turn = _tokens(model, 1400, 300), _tokens(model, 21, 7000)[1:]
+    cost = {}
+    for label, params in (("turn", SekvConfig()), ("prompt", SekvConfig(turn_tokens=0))):
+        policy = make_policy("sekv", model, 2000, budget=BUDGET, params=params)
+        try:
+            policy.append(doc)
+            assert len(policy.store) > 0  # compressed: the turn is routed
+            s = policy.session
+            tokens, rows = s.decoded_tokens, s.output_rows
+            mean = policy.segmenter.mean
+            logits = policy.append(turn)
+            check_invariants(policy)
+            cost[label] = (s.decoded_tokens - tokens, s.output_rows - rows)
+            if label == "turn":
+                np.testing.assert_array_equal(policy.signal_log[-19:], np.float32(mean))
+                assert policy.signal_log[-20] != np.float32(mean)  # from the previous logits
+            else:
+                assert np.unique(policy.signal_log[-20:]).size > 10  # every token's own surprisal
+            _greedy(policy, logits, 3)
+        finally:
+            policy.close()
+    assert cost["turn"][0] == cost["prompt"][0] > len(turn)  # the turn, then its tail again after the routing
+    assert cost["turn"][1] == 2 and cost["prompt"][1] == len(turn) + 1

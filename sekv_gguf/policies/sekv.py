@@ -94,14 +94,15 @@ class SekvPolicy(Policy):
 
     # -- decoding ----------------------------------------------------------------------------------------------
 
-    def _decode(self, tokens: list[int], scored: bool) -> np.ndarray:
-        """Decode after the newest token; ``scored`` also yields every token's surprisal (chunk by chunk)."""
+    def _decode(self, tokens: list[int], scored: bool, fill: float = 0.0) -> np.ndarray:
+        """Decode after the newest token; ``scored`` also yields every token's surprisal (chunk by chunk), else
+        the first token's comes from the previous logits and the others' is ``fill``."""
         p0 = self.session.pos_max() + 1
         if scored:
             surp, last = self.session.decode_scored(tokens, self.prev_logits)
         else:
             last = self.session.decode(tokens, logits="last")
-            surp = np.zeros(len(tokens), dtype=np.float32)
+            surp = np.full(len(tokens), fill, dtype=np.float32)
             if self.prev_logits is not None:
                 surp[0] = native.surprisal(self.prev_logits[None, :], tokens[:1])[0]
         if self.carry_signal is not None:  # the first token after a rollback: its surprisal from before
@@ -121,15 +122,22 @@ class SekvPolicy(Policy):
 
     def _append(self, tokens: list[int]) -> np.ndarray:
         """Stream ``tokens`` through the budget context (compressing what leaves the window), then route and
-        refresh the tail; an exact prefill when asked for and the memory is empty."""
-        if self.config.prefill == "exact" and not self.plan.fits and self.segmenter.scored and not self.tokens:
+        refresh the tail; an exact prefill when asked for and the memory is empty. A turn (``turn_tokens``) is
+        decoded for its last logits only (no surprisal rows)."""
+        cfg = self.config
+        if cfg.prefill == "exact" and not self.plan.fits and self.segmenter.scored and not self.tokens:
             return prefill_exact(self, tokens)
+        turn = bool(self.tokens) and len(tokens) <= cfg.turn_tokens
+        scored = not self.plan.fits and self.segmenter.scored
+        fill = 0.0
+        if scored and turn:
+            scored, fill = False, self.segmenter.mean
         logits = None
-        starts = chunk_starts(len(tokens), self.plan.chunk, self.config.refresh_tokens)
+        starts = chunk_starts(len(tokens), self.plan.chunk, cfg.refresh_tokens)
         for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
             chunk = tokens[c0:c1]
             self._maintain(len(chunk))  # room for the chunk (an elastic window may have filled the budget)
-            logits = self._decode(chunk, scored=not self.plan.fits and self.segmenter.scored)
+            logits = self._decode(chunk, scored=scored, fill=fill)
             self.last_ubatch = len(chunk)
             self._maintain(self.plan.chunk)
             self.n_prefilled = c0 + len(chunk)
@@ -137,7 +145,7 @@ class SekvPolicy(Policy):
         if len(self.store):
             changes = self.zoom.changes
             self.route(prompt=True)
-            if self.config.zoom_lag_refresh and self.zoom.changes != changes:  # the tail saw other spans
+            if cfg.zoom_lag_refresh and self.zoom.changes != changes:  # the tail saw other spans
                 logits = refresh_tail(self, tokens)
         return logits
 
