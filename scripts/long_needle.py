@@ -6,6 +6,9 @@ The case a new user tries: ~28K tokens of Python documentation prose, one plain 
 depth 0.3, the question at the end.
 
     .venv/bin/python scripts/long_needle.py --tokens 28000 --budgets 0.1 0.2 --routers index mass
+
+``--task niah_word`` (or another single-needle RULER task of ``sekv_gguf.ruler_tasks``) traces the evaluation's own
+prompt instead: its needle sentence at ``--depth``, seed by seed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.engine import full_kv_bytes, make_policy
 from sekv_gguf.models import default_model_path
 from sekv_gguf.provenance import commit, machine
+from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, make_case
 from sekv_gguf.session import load_model
 
 QUESTION = "\n\nQuestion: What is the access code of the blue archive?\nAnswer: The access code of the blue archive is"
@@ -48,6 +52,16 @@ def build(model, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str
     return tok(prompt), value, (a - 1, b + 1)
 
 
+def build_case(model, task: str, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str, tuple[int, int]]:
+    """The evaluation's prompt for ``task`` (as ``eval --depths`` makes it): tokens, value, needle token range."""
+    tok = lambda s: model.tokenize(s.encode(), add_bos=True, special=False)  # noqa: E731
+    case = make_case(task, lambda text: len(tok(text)), n_tokens, seed, "prose", depth)
+    value = case.answers[0]
+    end = case.prompt.index(f"is: {value}.") + len(f"is: {value}.")
+    start = case.prompt.rindex("One of the special magic", 0, end)
+    return tok(case.prompt), value, (len(tok(case.prompt[:start])) - 1, len(tok(case.prompt[:end])) + 1)
+
+
 def trace(model, tokens: list[int], value: str, needle: tuple[int, int], name: str, budget: float | None,
           params: SekvConfig | None, n_predict: int, threads: int) -> dict:
     n_ctx = len(tokens) + n_predict
@@ -61,7 +75,9 @@ def trace(model, tokens: list[int], value: str, needle: tuple[int, int], name: s
         row["prefill_s"] = time.perf_counter() - t0
         where, ids = _where(policy, needle)
         row["needle_tokens"] = where
-        resident = lambda: [bool(set(ids) & set(r)) for r in policy.zoom.resident] if ids else []  # noqa: E731
+        if getattr(policy, "anchors", None):  # where the anchors lie, as depths (quartiles)
+            row["anchor_depths"] = np.percentile(np.array(policy.anchors) / len(tokens), [0, 25, 50, 75, 100]).round(3).tolist()
+        resident = lambda: [sorted(set(ids) & set(r)) for r in policy.zoom.resident] if ids else []  # noqa: E731
         row["zoomed_after_prefill"] = resident() if hasattr(policy, "zoom") else None
         steps, out = [], []
         for i in range(n_predict):
@@ -90,8 +106,11 @@ def _where(policy, needle: tuple[int, int]) -> tuple[dict, list[int]]:
         return {"resident": len(pos)}, []
     ids = [s.id for s in policy.store.spans if pos & set(s.positions.tolist())]
     in_spans = sum(len(pos & set(s.positions.tolist())) for s in policy.store.spans)
+    text = lambda ps: b"".join(policy.session.piece(policy.tokens[p]) for p in sorted(ps)).decode("utf-8", "replace")  # noqa: E731
+    parts = {str(s.id): text(pos & set(s.positions.tolist())) for s in policy.store.spans if s.id in ids}
     return {"anchors": len(pos & set(policy.anchors)), "window": len(pos & set(policy.window.pos.tolist())),
-            "spans": in_spans, "span_ids": ids}, ids
+            "spans": in_spans, "span_ids": ids, "span_text": parts,
+            "anchor_text": text(pos & set(policy.anchors))}, ids
 
 
 def main() -> int:
@@ -102,6 +121,7 @@ def main() -> int:
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.2])
     ap.add_argument("--routers", nargs="+", default=["index", "mass"])
     ap.add_argument("--no-full", action="store_true")
+    ap.add_argument("--task", choices=PINNED_DEPTH_TASKS, help="trace this RULER task's prompt instead")
     ap.add_argument("--sekv", action="append", metavar="KEY=VALUE", help="a SekvConfig override (repeatable)")
     ap.add_argument("-n", "--n-predict", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
@@ -110,7 +130,8 @@ def main() -> int:
     model = load_model(str(default_model_path()))
     rows = []
     for seed in args.seeds:
-        tokens, value, needle = build(model, args.tokens, args.depth, seed)
+        tokens, value, needle = (build_case(model, args.task, args.tokens, args.depth, seed) if args.task
+                                 else build(model, args.tokens, args.depth, seed))
         runs = [] if args.no_full else [("full", None, None)]
         extra = sekv_overrides(args.sekv or [])
         runs += [("sekv", b, SekvConfig(router=r, **extra)) for b in args.budgets for r in args.routers]
@@ -119,7 +140,8 @@ def main() -> int:
             row.update({"seed": seed, "tokens": len(tokens), "value": value, "needle": list(needle)})
             rows.append(row)
             print(json.dumps({k: row.get(k) for k in ("seed", "policy", "budget", "router", "found", "text",
-                                                      "needle_tokens", "zoomed_after_prefill", "prefill_s")}),
+                                                      "needle_tokens", "anchor_depths", "zoomed_after_prefill",
+                                                      "prefill_s")}),
                   flush=True)
             Path(args.out).write_text(json.dumps({"machine": machine(), "commit": commit(), "params": vars(args),
                                                   "rows": rows}, indent=1))

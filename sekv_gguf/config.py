@@ -165,6 +165,9 @@ class SekvConfig:
     zoom_share: share of the budget reserved for rebuilt (zoomed) span tokens, per layer.
     anchor_alpha: a token is an anchor when its surprisal exceeds mean + alpha * std of the surprisal seen so far.
     anchor_share: most cells anchors may take, as a share of the budget (the cap).
+    spread_anchors: a streamed memory may hold, among its first p of ``n_context`` tokens, at most p/n_context of
+        the cap (an exact prefill takes the most surprising tokens of the whole prompt at once); off: first come,
+        first served.
     span_min / span_max: span lengths; runs between anchors are cut at surprisal change points into spans of
         these lengths (a shorter tail waits in the window for more tokens).
     energy: share of a span's squared Frobenius norm the low-rank factors keep (per layer, for K and for V);
@@ -211,6 +214,7 @@ class SekvConfig:
     zoom_share: float = 0.25
     anchor_alpha: float = 1.0
     anchor_share: float = 0.05
+    spread_anchors: bool = False
     span_min: int = 32
     span_max: int = 64
     energy: float = 0.999

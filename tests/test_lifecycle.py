@@ -174,3 +174,43 @@ def test_a_turn_is_decoded_without_a_logits_row_per_token(llama_model, gemma_mod
             policy.close()
     assert cost["turn"][0] == cost["prompt"][0] > len(turn)  # the turn, then its tail again after the routing
     assert cost["turn"][1] == 2 and cost["prompt"][1] == len(turn) + 1
+
+
+def test_a_cut_takes_no_more_anchors_than_its_allowance():
+    """``Segmenter.cut``'s allowance bounds the anchors taken so far; within it, the most surprising tokens."""
+    from sekv_gguf.segment import Segmenter
+
+    rng = np.random.default_rng(0)
+    seg = Segmenter(SekvConfig(), cap=10)
+    s = rng.gamma(2.0, 1.0, size=400).astype(np.float32)
+    seg.observe(s)
+    first = seg.cut(s[:200], allowance=3)
+    assert first.anchors.size == 3 and seg.n_anchors == 3
+    over = np.flatnonzero(s[:200] > seg.threshold)
+    np.testing.assert_array_equal(np.sort(first.anchors), np.sort(over[np.argsort(-s[over])[:3]]))
+    second = seg.cut(s[200:], allowance=5)
+    assert second.anchors.size == 2 and seg.n_anchors == 5
+    assert seg.cut(s[200:], allowance=4).anchors.size == 0  # an allowance below what is held takes none
+    assert seg.cut(s[200:]).anchors.size == 5                 # no allowance: the rest of the cap
+
+
+def test_spread_anchors_keep_a_streamed_memory_s_anchors_in_proportion_to_its_length(llama_model):
+    """With ``spread_anchors`` the tokens before position p hold at most ceil(cap * e / n_context) anchors, e the end
+    of the cut that took them (p <= e <= p + a chunk and the window): the cap is not spent on the prompt's start."""
+    toks = _tokens(llama_model, 1900, 1100)
+    last = {}
+    for spread in (True, False):
+        policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=SekvConfig(spread_anchors=spread))
+        try:
+            policy.append(toks)
+            cap, anchors = policy.plan.anchor_cap, np.sort(policy.anchors)
+            slack = BUDGET.chunk + policy.plan.cells  # a cut ends at most a chunk and the window after its tokens
+            if spread:
+                for i, a in enumerate(anchors):
+                    assert i + 1 <= np.ceil(cap * min((a + 1 + slack) / 2000, 1.0))
+                assert anchors.size > 0 and anchors[-1] > len(toks) // 2
+            last[spread] = (int(anchors[-1]), anchors.size)
+        finally:
+            policy.close()
+    assert last[False][1] == cap and last[False][0] < len(toks) // 4  # first come, first served: the start
+    assert last[False][0] < last[True][0]

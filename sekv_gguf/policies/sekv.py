@@ -62,6 +62,7 @@ class SekvPolicy(Policy):
                         "window": plan.window + config.span_min + config.span_max, "chunk": plan.chunk},
                        " (or a larger span_min / smaller zoom_share)")
         self.model, self.ctx_config = model, ctx_config
+        self.n_context = n_context  # the most tokens this memory holds: the streamed anchor cap is spread over it
         super().__init__(Session(model, ctx_config.sized(plan.cells, plan.chunk)), observer)
         hook = self.session.hook
         if hook.info.kv_size != plan.cells:
@@ -200,7 +201,7 @@ class SekvPolicy(Policy):
         self.irreversible()
         t0 = time.perf_counter()
         w = self.window
-        seg = self.segmenter.cut(w.signal[:over])
+        seg = self.segmenter.cut(w.signal[:over], allowance=self._anchor_allowance(int(w.pos[over - 1]) + 1))
         self.anchors.extend(int(w.pos[i]) for i in seg.anchors)
         if seg.spans:
             cells = np.concatenate([w.cell[g] for g in seg.spans])
@@ -211,6 +212,14 @@ class SekvPolicy(Policy):
         w.keep(np.concatenate([np.flatnonzero(~done), np.arange(over, len(w))]))
         self.counters["compress_s"] += time.perf_counter() - t0
         return bool(seg.spans) or seg.anchors.size > 0
+
+    def _anchor_allowance(self, seen: int) -> int:
+        """Most anchors the tokens before position ``seen`` may hold: the cap in proportion to the share of the
+        memory they are. First come, first served, a streamed prompt spent the cap on its first ~1K tokens (the
+        threshold passes ~15% of tokens), so a needle's rare tokens deeper in never became anchors."""
+        if not self.config.spread_anchors:
+            return self.plan.anchor_cap
+        return int(np.ceil(self.plan.anchor_cap * min(seen / max(self.n_context, 1), 1.0)))
 
     def compress(self, positions: list[np.ndarray], signal: list[np.ndarray],
                  rows: Callable[[int], tuple[np.ndarray, np.ndarray]], release: np.ndarray | None = None) -> None:
