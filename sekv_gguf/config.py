@@ -165,9 +165,11 @@ class SekvConfig:
     zoom_share: share of the budget reserved for rebuilt (zoomed) span tokens, per layer.
     anchor_alpha: a token is an anchor when its surprisal exceeds mean + alpha * std of the surprisal seen so far.
     anchor_share: most cells anchors may take, as a share of the budget (the cap).
-    spread_anchors: a streamed memory may hold, among its first p of ``n_context`` tokens, at most p/n_context of
-        the cap (an exact prefill takes the most surprising tokens of the whole prompt at once); off: first come,
-        first served.
+    spread_anchors: how a streamed memory (no exact prefill) spends the anchor cap: "none" (first come, first
+        served: a 28K prompt spent it on its first 3%), "share" (the tokens before position p hold at most
+        p / n_context of the cap), "quantile" (an anchor must also be among the cap / n_context most surprising of
+        the tokens seen so far, at most twice the share) — the exact prefill takes the cap's most surprising
+        tokens of the whole prompt at once.
     span_min / span_max: span lengths; runs between anchors are cut at surprisal change points into spans of
         these lengths (a shorter tail waits in the window for more tokens).
     energy: share of a span's squared Frobenius norm the low-rank factors keep (per layer, for K and for V);
@@ -214,7 +216,7 @@ class SekvConfig:
     zoom_share: float = 0.25
     anchor_alpha: float = 1.0
     anchor_share: float = 0.05
-    spread_anchors: bool = False
+    spread_anchors: str = "none"
     span_min: int = 32
     span_max: int = 64
     energy: float = 0.999
@@ -251,6 +253,8 @@ class SekvConfig:
             raise ValueError(f"route_every and max_new_zooms must be >= 1, got {self.route_every}, {self.max_new_zooms}")
         if self.energy_v is not None and not 0 < self.energy_v <= 1:
             raise ValueError(f"energy_v must be in (0, 1], got {self.energy_v}")
+        if self.spread_anchors not in ("none", "share", "quantile"):
+            raise ValueError(f"spread_anchors must be none, share or quantile, got {self.spread_anchors!r}")
         if self.host_format not in HOST_FORMATS:
             raise ValueError(f"host_format must be one of {', '.join(HOST_FORMATS)}, got {self.host_format!r}")
         if self.block_tokens < 1:

@@ -71,14 +71,15 @@ class Segmenter:
         std = np.sqrt(max(self._sq / self._n - mean * mean, 0.0))
         return mean + self.config.anchor_alpha * std
 
-    def cut(self, surprisal: np.ndarray, final: bool = False, allowance: int | None = None) -> Segmentation:
+    def cut(self, surprisal: np.ndarray, final: bool = False, allowance: int | None = None,
+            floor: float | None = None) -> Segmentation:
         """Segment tokens that left the window, in position order. ``final``: also emit a short tail as a span.
         ``allowance``: most anchors taken so far, this cut included (a streamed memory spreads the cap over the
-        context; None: the whole cap)."""
+        context; None: the whole cap). ``floor``: a stricter anchor threshold than mean + alpha * std."""
         s = np.asarray(surprisal, dtype=np.float64)
         cfg = self.config
         # anchors: the most surprising tokens above the threshold, within what is left of the cap (and allowance)
-        over = np.flatnonzero(s > self.threshold)
+        over = np.flatnonzero(s > max(self.threshold, -np.inf if floor is None else floor))
         room = max(min(self.cap, self.cap if allowance is None else allowance) - self.n_anchors, 0)
         if over.size > room:
             over = over[np.argsort(-s[over], kind="stable")[:room]]

@@ -200,7 +200,7 @@ def test_spread_anchors_keep_a_streamed_memory_s_anchors_in_proportion_to_its_le
     toks = _tokens(llama_model, 1900, 1100)
     last = {}
     for spread in (True, False):
-        policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=SekvConfig(spread_anchors=spread))
+        policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=SekvConfig(spread_anchors="share" if spread else "none"))
         try:
             policy.append(toks)
             cap, anchors = policy.plan.anchor_cap, np.sort(policy.anchors)

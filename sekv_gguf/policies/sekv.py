@@ -201,7 +201,8 @@ class SekvPolicy(Policy):
         self.irreversible()
         t0 = time.perf_counter()
         w = self.window
-        seg = self.segmenter.cut(w.signal[:over], allowance=self._anchor_allowance(int(w.pos[over - 1]) + 1))
+        seg = self.segmenter.cut(w.signal[:over], allowance=self._anchor_allowance(int(w.pos[over - 1]) + 1),
+                                 floor=self._anchor_floor())
         self.anchors.extend(int(w.pos[i]) for i in seg.anchors)
         if seg.spans:
             cells = np.concatenate([w.cell[g] for g in seg.spans])
@@ -214,12 +215,22 @@ class SekvPolicy(Policy):
         return bool(seg.spans) or seg.anchors.size > 0
 
     def _anchor_allowance(self, seen: int) -> int:
-        """Most anchors the tokens before position ``seen`` may hold: the cap in proportion to the share of the
-        memory they are. First come, first served, a streamed prompt spent the cap on its first ~1K tokens (the
-        threshold passes ~15% of tokens), so a needle's rare tokens deeper in never became anchors."""
-        if not self.config.spread_anchors:
+        """Most anchors the tokens before position ``seen`` may hold (``spread_anchors``): first come, first served
+        (``none``: the cap), or the cap in proportion to the share of the memory they are (``share``; ``quantile``
+        allows twice that, its floor doing the spreading)."""
+        mode = self.config.spread_anchors
+        if mode == "none":
             return self.plan.anchor_cap
-        return int(np.ceil(self.plan.anchor_cap * min(seen / max(self.n_context, 1), 1.0)))
+        share = min(seen / max(self.n_context, 1), 1.0) * (2.0 if mode == "quantile" else 1.0)
+        return int(np.ceil(self.plan.anchor_cap * share))
+
+    def _anchor_floor(self) -> float | None:
+        """``quantile``: an anchor must be among the cap / n_context most surprising of the tokens seen so far
+        (what an exact prefill's selection of the cap over the whole prompt keeps, estimated while streaming)."""
+        seen = self.signal_log[len(self.sinks):]
+        if self.config.spread_anchors != "quantile" or seen.size == 0:
+            return None
+        return float(np.quantile(seen, 1.0 - min(self.plan.anchor_cap / max(self.n_context, 1), 1.0)))
 
     def compress(self, positions: list[np.ndarray], signal: list[np.ndarray],
                  rows: Callable[[int], tuple[np.ndarray, np.ndarray]], release: np.ndarray | None = None) -> None:
