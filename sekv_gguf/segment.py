@@ -168,7 +168,9 @@ class SentenceSegmenter:
     def rewind(self, signal: np.ndarray, n_anchors: int) -> None:
         """Nothing to forget."""
 
-    def cut(self, signal: np.ndarray, final: bool = False) -> Segmentation:
+    def cut(self, signal: np.ndarray, final: bool = False, allowance: int | None = None,
+            floor: float | None = None) -> Segmentation:
+        """Sentences as spans; ``allowance`` and ``floor`` (anchor limits) do not apply: no anchors."""
         ends = np.flatnonzero(np.asarray(signal) > 0.5)  # indices of sentence-final tokens
         spans: list[np.ndarray] = []
         start = 0
