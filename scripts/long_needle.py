@@ -76,7 +76,8 @@ def trace(model, tokens: list[int], value: str, needle: tuple[int, int], name: s
         where, ids = _where(policy, needle)
         row["needle_tokens"] = where
         if getattr(policy, "anchors", None):  # where the anchors lie, as depths (quartiles)
-            row["anchor_depths"] = np.percentile(np.array(policy.anchors) / len(tokens), [0, 25, 50, 75, 100]).round(3).tolist()
+            depths = np.array(policy.anchors) / len(tokens)
+            row["anchor_depths"] = np.percentile(depths, [0, 25, 50, 75, 100]).round(3).tolist()
         resident = lambda: [sorted(set(ids) & set(r)) for r in policy.zoom.resident] if ids else []  # noqa: E731
         row["zoomed_after_prefill"] = resident() if hasattr(policy, "zoom") else None
         steps, out = [], []

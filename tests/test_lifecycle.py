@@ -192,6 +192,33 @@ def test_a_cut_takes_no_more_anchors_than_its_allowance():
     assert second.anchors.size == 2 and seg.n_anchors == 5
     assert seg.cut(s[200:], allowance=4).anchors.size == 0  # an allowance below what is held takes none
     assert seg.cut(s[200:]).anchors.size == 5                 # no allowance: the rest of the cap
+    strict = Segmenter(SekvConfig(), cap=50)
+    strict.observe(s)
+    floor = float(np.quantile(s, 0.95))
+    assert np.all(s[strict.cut(s, floor=floor).anchors] > floor)  # a floor above the threshold is the bar
+
+
+def test_turn_and_anchor_settings_are_checked():
+    with pytest.raises(ValueError, match="spread_anchors"):
+        SekvConfig(spread_anchors="evenly")
+    with pytest.raises(ValueError, match="turn_tokens"):
+        SekvConfig(turn_tokens=-1)
+
+
+def test_quantile_anchors_are_among_the_most_surprising_seen(llama_model):
+    """``spread_anchors="quantile"``: every anchor's surprisal is in the top cap / n_context share of the signal
+    seen before its cut, and the memory's anchors reach past its first half."""
+    toks = _tokens(llama_model, 1900, 1100)
+    policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=SekvConfig(spread_anchors="quantile"))
+    try:
+        policy.append(toks)
+        anchors, signal = np.sort(policy.anchors), policy.signal_log
+        share = policy.plan.anchor_cap / 2000
+        assert anchors.size > 0 and anchors[-1] > len(toks) // 2
+        top_overall = np.quantile(signal[len(policy.sinks):], 1 - 4 * share)  # looser than the running bar
+        assert np.mean(signal[anchors] > top_overall) >= 0.9
+    finally:
+        policy.close()
 
 
 def test_spread_anchors_keep_a_streamed_memory_s_anchors_in_proportion_to_its_length(llama_model):
