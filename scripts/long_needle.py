@@ -88,7 +88,7 @@ def trace(model, tokens: list[int], value: str, needle: tuple[int, int], name: s
             if hasattr(policy, "zoom"):
                 steps.append(resident())
         row["zoomed_per_step"] = steps
-        row["text"] = b"".join(policy.session.piece(t) for t in out).decode("utf-8", "replace")
+        row["text"] = policy.session.text(out)
         row["found"] = value in row["text"]
         stats = policy.stats()
         row["sekv"] = stats.get("sekv")
@@ -107,7 +107,7 @@ def _where(policy, needle: tuple[int, int]) -> tuple[dict, list[int]]:
         return {"resident": len(pos)}, []
     ids = [s.id for s in policy.store.spans if pos & set(s.positions.tolist())]
     in_spans = sum(len(pos & set(s.positions.tolist())) for s in policy.store.spans)
-    text = lambda ps: b"".join(policy.session.piece(policy.tokens[p]) for p in sorted(ps)).decode("utf-8", "replace")  # noqa: E731
+    text = lambda ps: policy.session.text([policy.tokens[p] for p in sorted(ps)])  # noqa: E731
     parts = {str(s.id): text(pos & set(s.positions.tolist())) for s in policy.store.spans if s.id in ids}
     return {"anchors": len(pos & set(policy.anchors)), "window": len(pos & set(policy.window.pos.tolist())),
             "spans": in_spans, "span_ids": ids, "span_text": parts,

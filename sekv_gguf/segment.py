@@ -67,7 +67,7 @@ class Segmenter:
     def threshold(self) -> float:
         if self._n == 0:
             return float("inf")
-        mean = self._sum / self._n
+        mean = self.mean
         std = np.sqrt(max(self._sq / self._n - mean * mean, 0.0))
         return mean + self.config.anchor_alpha * std
 

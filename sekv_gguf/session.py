@@ -181,6 +181,10 @@ class Session:
             n = llama_cpp.llama_token_to_piece(self.model.vocab, token, buf, len(buf), 0, False)
         return buf.raw[:n]
 
+    def text(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` (their pieces joined, invalid UTF-8 replaced)."""
+        return b"".join(self.piece(int(t)) for t in tokens).decode("utf-8", "replace")
+
     # -- decoding ----------------------------------------------------------------------------------------------
 
     def _decode_chunk(self, chunk: np.ndarray, start: int, outputs: Literal["last", "all", "none"]) -> None:

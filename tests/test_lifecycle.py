@@ -206,8 +206,9 @@ def test_turn_and_anchor_settings_are_checked():
 
 
 def test_quantile_anchors_are_among_the_most_surprising_seen(llama_model):
-    """``spread_anchors="quantile"``: every anchor's surprisal is in the top cap / n_context share of the signal
-    seen before its cut, and the memory's anchors reach past its first half."""
+    """``spread_anchors="quantile"``: an anchor must be among the cap / n_context most surprising tokens seen before
+    its cut, so nearly all anchors (>= 90%) are in the top 4 * cap / n_context of the whole signal, and the memory's
+    anchors reach past its first half."""
     toks = _tokens(llama_model, 1900, 1100)
     policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=SekvConfig(spread_anchors="quantile"))
     try:
@@ -222,12 +223,14 @@ def test_quantile_anchors_are_among_the_most_surprising_seen(llama_model):
 
 
 def test_spread_anchors_keep_a_streamed_memory_s_anchors_in_proportion_to_its_length(llama_model):
-    """With ``spread_anchors`` the tokens before position p hold at most ceil(cap * e / n_context) anchors, e the end
-    of the cut that took them (p <= e <= p + a chunk and the window): the cap is not spent on the prompt's start."""
+    """With ``spread_anchors="share"`` the tokens before position p hold at most ceil(cap * e / n_context) anchors,
+    e the end of the cut that took them (p <= e <= p + a chunk and the window): the cap is not spent on the prompt's
+    start."""
     toks = _tokens(llama_model, 1900, 1100)
     last = {}
     for spread in (True, False):
-        policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=SekvConfig(spread_anchors="share" if spread else "none"))
+        params = SekvConfig(spread_anchors="share" if spread else "none")
+        policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=params)
         try:
             policy.append(toks)
             cap, anchors = policy.plan.anchor_cap, np.sort(policy.anchors)

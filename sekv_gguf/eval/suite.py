@@ -214,7 +214,7 @@ def _converse(make: Callable[[int], Any], model: Any, case: Any, doc: list[int],
                     break
                 out.append(tok)
                 logits = policy.step(tok)
-            outputs.append(b"".join(policy.session.piece(t) for t in out).decode("utf-8", "replace"))
+            outputs.append(policy.session.text(out))
         stats = policy.stats()
     finally:
         policy.close()

@@ -227,9 +227,9 @@ class SekvPolicy(Policy):
     def _anchor_floor(self) -> float | None:
         """``quantile``: an anchor must be among the cap / n_context most surprising of the tokens seen so far
         (what an exact prefill's selection of the cap over the whole prompt keeps, estimated while streaming)."""
-        seen = self.signal_log[len(self.sinks):]
-        if self.config.spread_anchors != "quantile" or seen.size == 0:
+        if self.config.spread_anchors != "quantile" or self.signal_log.size <= len(self.sinks):
             return None
+        seen = self.signal_log[len(self.sinks):]
         return float(np.quantile(seen, 1.0 - min(self.plan.anchor_cap / max(self.n_context, 1), 1.0)))
 
     def compress(self, positions: list[np.ndarray], signal: list[np.ndarray],
