@@ -13,7 +13,7 @@ from typing import Any, Callable, TypeVar
 
 import llama_cpp.llama_cpp as _llama
 
-SEKV_API_VERSION = 1
+SEKV_API_VERSION = 2
 
 # enum sekv_status
 SEKV_OK = 0
@@ -210,3 +210,12 @@ def sekv_qcap_enable(ctx: int, on: int, /) -> int: ...
 # LLAMA_API int32_t sekv_qcap_get(struct llama_context * ctx, int32_t ikv, float * out, int32_t n);
 @ctypes_function("sekv_qcap_get", [llama_context_p, ctypes.c_int32, float_p, ctypes.c_int32], ctypes.c_int32)
 def sekv_qcap_get(ctx: int, ikv: int, out: Any, n: int, /) -> int: ...
+
+
+# typedef void (*sekv_layer_callback)(int32_t ikv, void * user_data);
+sekv_layer_callback = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_void_p)
+
+
+# LLAMA_API int32_t sekv_layer_cb_set(struct llama_context * ctx, sekv_layer_callback cb, void * user_data);
+@ctypes_function("sekv_layer_cb_set", [llama_context_p, sekv_layer_callback, ctypes.c_void_p], ctypes.c_int32)
+def sekv_layer_cb_set(ctx: int, cb: Any, user_data: Any, /) -> int: ...

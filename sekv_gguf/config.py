@@ -206,6 +206,11 @@ class SekvConfig:
         cost of a short turn. Its tail is refreshed like a prompt's: the question's own tokens must read the spans
         it zoomed (refreshing only its last 1/8/16 of 40 tokens lost 3/3/2 of 3 needles in a multi-turn case that
         a full refresh holds). 0: every append is scored.
+    turn_routing: how a turn reaches the spans its question needs. "layer": one decode; inside it, each hooked
+        layer routes with that layer's query of this decode and zooms before its attention reads the cache (the
+        hook's layer callback), so every token of the turn reads the zoomed spans without a second pass. Where the
+        callback is unsupported (cache not in host memory) it falls back to "refresh": decode, route with the
+        captured queries, decode the turn again (the tail refresh above).
     elastic_window: give the recent window every cell that sinks, anchors, summary rows and the zoom slots do not
         hold (less the next decode's tokens and a span's worth of pending tokens); it shrinks back as spans
         arrive, never below the budget's fixed window. Off: the window is the budget's fixed window.
@@ -233,6 +238,7 @@ class SekvConfig:
     zoom_lag_refresh: bool = True
     refresh_tokens: int = 32
     turn_tokens: int = 64
+    turn_routing: str = "layer"
     elastic_window: bool = True
     compress_when_fits: bool = False
 
@@ -253,6 +259,8 @@ class SekvConfig:
             raise ValueError(f"route_every and max_new_zooms must be >= 1, got {self.route_every}, {self.max_new_zooms}")
         if self.energy_v is not None and not 0 < self.energy_v <= 1:
             raise ValueError(f"energy_v must be in (0, 1], got {self.energy_v}")
+        if self.turn_routing not in ("layer", "refresh"):
+            raise ValueError(f"turn_routing must be layer or refresh, got {self.turn_routing!r}")
         if self.spread_anchors not in ("none", "share", "quantile"):
             raise ValueError(f"spread_anchors must be none, share or quantile, got {self.spread_anchors!r}")
         if self.host_format not in HOST_FORMATS:

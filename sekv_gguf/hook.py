@@ -7,9 +7,10 @@ Works on any context: one created by ``llama_cpp.Llama`` (``KVHook.from_llama``)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -270,6 +271,35 @@ class KVHook:
         out = np.empty((layer.n_head, layer.head_dim_k), dtype=np.float32)
         check("sekv_qcap_get", api.sekv_qcap_get(self.ctx, ikv, _ptr(out, ctypes.c_float), out.size))
         return out
+
+    # -- layer callback ----------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def layer_callback(self, fn: Callable[[int], None]) -> Iterator[None]:
+        """Within the block, every decode calls ``fn(ikv)`` at each hooked layer once its query is captured and
+        before its attention reads the cache: ``query(ikv)`` is this decode's, and ``get_rows`` / ``set_rows`` /
+        ``set_bias_cells`` / ``set_bias`` take effect for that layer's attention in the same decode (claiming and
+        releasing cells are refused). Needs query capture and the bias on, and the cache in host memory
+        (``UnsupportedModelError`` otherwise). An exception ``fn`` raises stops the calls and is raised when the
+        block ends (the decode it happened in still ran to its end)."""
+        failure: list[BaseException] = []
+
+        def call(ikv: int, _user: Any) -> None:
+            if failure:
+                return
+            try:
+                fn(ikv)
+            except BaseException as exc:  # noqa: BLE001 (nothing may cross the C frames; raised at the block's end)
+                failure.append(exc)
+
+        cb = api.sekv_layer_callback(call)
+        check("sekv_layer_cb_set", api.sekv_layer_cb_set(self.ctx, cb, None))
+        try:
+            yield
+        finally:
+            check("sekv_layer_cb_set", api.sekv_layer_cb_set(self.ctx, ctypes.cast(None, api.sekv_layer_callback), None))
+        if failure:
+            raise failure[0]
 
 
 def report_lines(r: dict[str, Any]) -> list[str]:

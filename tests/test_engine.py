@@ -43,6 +43,41 @@ def test_full_rank_all_zoomed_equals_full(llama_model, gemma_model, which, flash
     np.testing.assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max())
 
 
+@pytest.mark.parametrize("which, routing", [("llama", "layer"), ("gemma", "layer"), ("llama", "refresh")])
+def test_a_turn_zoomed_inside_its_decode_equals_full(llama_model, gemma_model, which, routing):
+    """The exactness anchor for a turn: after an exact full-rank prefill, every zoom is dropped (the spans are then
+    invisible: their summary rows stay masked), so the turn's routing must rebuild every span in every layer. With
+    ``turn_routing="layer"`` that happens inside the turn's one decode, before each layer's attention: the logits
+    equal full KV's only if every layer read its zoomed spans in that same decode. ``refresh`` gets there with a
+    second pass on llama; not on Gemma's iSWA after an exact prefill, where it can re-decode only the last token
+    (the sliding-window cache moved over from the full context holds no more), so the turn's earlier tokens keep
+    what they read without the spans."""
+    model = llama_model if which == "llama" else gemma_model
+    toks = _tokens(model, 700, offset=3000)
+    turn = _tokens(model, 90, offset=9000)[1:13]
+    cc = ContextConfig(flash_attn=False)  # the F32 softmax path: exact to float32 (see the test above)
+    full = make_policy("full", model, len(toks) + 32, cc, BudgetConfig(chunk=128))
+    full.prefill(toks)
+    want = full.append(turn)
+    full.close()
+    cfg = SekvConfig(prefill="exact", energy=1.0, zoom_share=0.6, compress_when_fits=True, elastic_window=False,
+                     host_format="f16", turn_routing=routing)
+    policy = make_policy("sekv", model, len(toks) + 32, cc, BudgetConfig(kv_budget=2048, chunk=128), cfg)
+    try:
+        policy.prefill(toks)
+        policy.zoom.forget(0)
+        assert not any(policy.zoom.resident)
+        decoded = policy.session.decoded_tokens
+        got = policy.append(turn)
+        spans = len(policy.store)
+        assert all(len(resident) == spans for resident in policy.zoom.resident)
+        assert (policy.session.decoded_tokens - decoded == len(turn)) == (routing == "layer")
+        assert policy.counters["layer_routed_turns"] == (routing == "layer")
+    finally:
+        policy.close()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 def test_compression_invariants_and_budget(llama_model):
     toks = _tokens(llama_model, 3000, offset=500)
     n = 16

@@ -145,35 +145,39 @@ def test_sekv_refuses_a_truncation_in_the_first_span(llama_model):
 
 
 @pytest.mark.parametrize("which", ["llama", "gemma"])
-def test_a_turn_is_decoded_without_a_logits_row_per_token(llama_model, gemma_model, which):
-    """A conversation's next message (a short append into a memory that holds tokens) is decoded with one logits
-    row, and its tail once more after the routing (one row): its tokens past the first take the mean surprisal seen
-    so far (the first one's comes from the previous logits). ``turn_tokens=0`` gives back the prompt's path: a
-    logits row per token, every token its own surprisal. Both re-decode the same tail."""
+def test_a_turn_is_decoded_once_with_one_logits_row(llama_model, gemma_model, which):
+    """A conversation's next message (a short append into a memory that holds tokens) is decoded once, with one
+    logits row, each layer routing inside that decode (``turn_routing="layer"``); its tokens past the first take the
+    mean surprisal seen so far (the first one's comes from the previous logits). ``refresh`` decodes its tail once
+    more after the routing (one more row); ``turn_tokens=0`` gives back the prompt's path: a logits row per token,
+    every token its own surprisal, and the refresh."""
     model = llama_model if which == "llama" else gemma_model
     doc, turn = _tokens(model, 1400, 300), _tokens(model, 21, 7000)[1:]
     cost = {}
-    for label, params in (("turn", SekvConfig()), ("prompt", SekvConfig(turn_tokens=0))):
+    for label, params in (("layer", SekvConfig()), ("refresh", SekvConfig(turn_routing="refresh")),
+                          ("prompt", SekvConfig(turn_tokens=0))):
         policy = make_policy("sekv", model, 2000, budget=BUDGET, params=params)
         try:
             policy.append(doc)
             assert len(policy.store) > 0  # compressed: the turn is routed
             s = policy.session
-            tokens, rows = s.decoded_tokens, s.output_rows
+            tokens, rows, routes = s.decoded_tokens, s.output_rows, policy.counters["prompt_routes"]
             mean = policy.segmenter.mean
             logits = policy.append(turn)
             check_invariants(policy)
+            assert policy.counters["prompt_routes"] == routes + 1
             cost[label] = (s.decoded_tokens - tokens, s.output_rows - rows)
-            if label == "turn":
+            if label == "prompt":
+                assert np.unique(policy.signal_log[-20:]).size > 10  # every token's own surprisal
+            else:
                 np.testing.assert_array_equal(policy.signal_log[-19:], np.float32(mean))
                 assert policy.signal_log[-20] != np.float32(mean)  # from the previous logits
-            else:
-                assert np.unique(policy.signal_log[-20:]).size > 10  # every token's own surprisal
             _greedy(policy, logits, 3)
         finally:
             policy.close()
-    assert cost["turn"][0] == cost["prompt"][0] > len(turn)  # the turn, then its tail again after the routing
-    assert cost["turn"][1] == 2 and cost["prompt"][1] == len(turn) + 1
+    assert cost["layer"] == (len(turn), 1)
+    assert cost["refresh"][0] == cost["prompt"][0] > len(turn)  # the turn, then its tail again after the routing
+    assert cost["refresh"][1] == 2 and cost["prompt"][1] == len(turn) + 1
 
 
 def test_a_cut_takes_no_more_anchors_than_its_allowance():

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import native
 from ..config import BudgetConfig, ContextConfig, SekvConfig
-from ..errors import BudgetError
+from ..errors import BudgetError, UnsupportedModelError
 from ..router import LowRankMassRouter, Router, training_free
 from ..segment import Segmenter
 from ..session import Session
@@ -88,9 +88,11 @@ class SekvPolicy(Policy):
         self.carry_signal: float | None = None  # the signal of the next token when its logits are gone (rollback)
         # routing: calls, seconds (all / during decode steps), K rows read from the host tier and the device
         self.counters = {"route_calls": 0, "compress_s": 0.0, "zoom_s": 0.0, "step_route_s": 0.0,
+                         "layer_routed_turns": 0,
                          **{f"{kind}_{what}": 0 for kind in ("prompt", "step")
                             for what in ("routes", "host_rows", "device_rows")}}
         self.scan_router = LowRankMassRouter()  # exact mass over every span: the prompt routing's (prompt_scan)
+        self._layer_routing = config.turn_routing == "layer"  # until the hook says the callback is unsupported
         self._init_done()
 
     # -- decoding ----------------------------------------------------------------------------------------------
@@ -133,21 +135,52 @@ class SekvPolicy(Policy):
         fill = 0.0
         if scored and turn:
             scored, fill = False, self.segmenter.mean
+        if turn and len(self.store) and self._layer_routing:
+            return self._turn_routed_in_layers(tokens, scored, fill)
         logits = None
         starts = chunk_starts(len(tokens), self.plan.chunk, cfg.refresh_tokens)
         for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
             chunk = tokens[c0:c1]
             self._maintain(len(chunk))  # room for the chunk (an elastic window may have filled the budget)
             logits = self._decode(chunk, scored=scored, fill=fill)
-            self.last_ubatch = len(chunk)
-            self._maintain(self.plan.chunk)
-            self.n_prefilled = c0 + len(chunk)
-            self.notify()
+            self._chunk_done(c0 + len(chunk), len(chunk))
         if len(self.store):
             changes = self.zoom.changes
             self.route(prompt=True)
             if cfg.zoom_lag_refresh and self.zoom.changes != changes:  # the tail saw other spans
                 logits = refresh_tail(self, tokens)
+        return logits
+
+    def _chunk_done(self, n_prefilled: int, n_chunk: int) -> None:
+        self.last_ubatch = n_chunk
+        self._maintain(self.plan.chunk)
+        self.n_prefilled = n_prefilled
+        self.notify()
+
+    @single_threaded_blas
+    def _turn_routed_in_layers(self, tokens: list[int], scored: bool, fill: float) -> np.ndarray:
+        """A turn in one decode: each hooked layer routes with this decode's query and zooms before its attention
+        (``turn_routing="layer"``); where the hook's layer callback is unsupported, the two-pass turn instead."""
+        self._maintain(len(tokens))
+        kind, router = self._route_begin(prompt=True)
+        rebuilt = self.zoom.rebuilt_rows
+
+        def route_layer(ikv: int) -> None:
+            t0 = time.perf_counter()
+            self._route_layer(ikv, self.session.hook.query(ikv), router, kind, prompt=True)
+            self.counters["zoom_s"] += time.perf_counter() - t0
+
+        try:
+            with self.session.hook.layer_callback(route_layer):
+                logits = self._decode(tokens, scored=scored, fill=fill)
+        except UnsupportedModelError:
+            self._layer_routing = False  # checked before the decode: nothing was decoded
+            self.counters["route_calls"] -= 1
+            self.counters[f"{kind}_routes"] -= 1
+            return self._append(tokens)
+        self.counters[f"{kind}_host_rows"] += self.zoom.rebuilt_rows - rebuilt
+        self.counters["layer_routed_turns"] += 1
+        self._chunk_done(len(tokens), len(tokens))
         return logits
 
     def _step(self, token: int) -> np.ndarray:
@@ -268,20 +301,31 @@ class SekvPolicy(Policy):
         ``prompt_scan`` a two-stage router gives way to exact mass over every span (one pass over the host rows
         per prompt, as the prefill that wrote them made)."""
         t0 = time.perf_counter()
+        kind, router = self._route_begin(prompt)
+        rebuilt = self.zoom.rebuilt_rows
+        for ikv in range(self.n_layer):
+            query = self.session.hook.query(ikv) if queries is None else queries[ikv]
+            self._route_layer(ikv, query, router, kind, prompt)
+        self.counters[f"{kind}_host_rows"] += self.zoom.rebuilt_rows - rebuilt  # the new zooms' host rows
+        self.counters["zoom_s"] += time.perf_counter() - t0
+
+    def _route_begin(self, prompt: bool) -> tuple[str, Router]:
+        """Count a routing; its kind (prompt / step) and router (exact mass over every span for a prompt with
+        ``prompt_scan`` and a two-stage router)."""
         kind = "prompt" if prompt else "step"
         self.counters["route_calls"] += 1
         self.counters[f"{kind}_routes"] += 1
         router = self.scan_router if prompt and self.config.prompt_scan and self.router.two_stage else self.router
-        rebuilt = self.zoom.rebuilt_rows
-        for ikv in range(self.n_layer):
-            query = self.session.hook.query(ikv) if queries is None else queries[ikv]
-            ranking = router.rank(ikv, query, self.store, self.zoom)
-            self.counters[f"{kind}_host_rows"] += ranking.host_rows
-            self.counters[f"{kind}_device_rows"] += ranking.device_rows
-            self.zoom.zoom(ikv, self.zoom.choose(ranking.scores, self.store.lengths), self.store.spans, self.steps,
-                           capped=not prompt)
-        self.counters[f"{kind}_host_rows"] += self.zoom.rebuilt_rows - rebuilt  # the new zooms' host rows
-        self.counters["zoom_s"] += time.perf_counter() - t0
+        return kind, router
+
+    def _route_layer(self, ikv: int, query: np.ndarray, router: Router, kind: str, prompt: bool) -> None:
+        """Rank the spans for layer ``ikv``'s query [n_head, head_dim] and zoom that layer into the best ones
+        (only rows and bias of the layer change: safe inside a decode's layer callback)."""
+        ranking = router.rank(ikv, query, self.store, self.zoom)
+        self.counters[f"{kind}_host_rows"] += ranking.host_rows
+        self.counters[f"{kind}_device_rows"] += ranking.device_rows
+        self.zoom.zoom(ikv, self.zoom.choose(ranking.scores, self.store.lengths), self.store.spans, self.steps,
+                       capped=not prompt)
 
     # -- stats -------------------------------------------------------------------------------------------------
 
