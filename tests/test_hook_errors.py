@@ -113,6 +113,7 @@ def test_null_buffers_and_wrong_sizes(s):
         (lambda: api.sekv_bias_set_layer(s.ctx, 0, None, 256), "bias is NULL"),
         (lambda: api.sekv_qcap_get(s.ctx, 0, None, 64), "out is NULL"),
         (lambda: api.sekv_qcap_get(s.ctx, 0, (ctypes.c_float * 8)(), 8), "out has 8 entries, n_head\\*head_dim_k = 64"),
+        (lambda: api.sekv_layer_cb_set(None, api.sekv_layer_callback(lambda ikv, user: None), None), "ctx is NULL"),
     ]
     for call, message in cases:
         with pytest.raises(HookValueError, match=message):
