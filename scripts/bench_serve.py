@@ -6,6 +6,7 @@ without a title request between turns (as Open WebUI sends them), and device KV 
 server: concurrent clients, errors, resident memory. Writes bench/serve.json and bench/serve.png.
 
     .venv/bin/python scripts/bench_serve.py [--models smollm2 gemma] [--turns 10] [--soak 200]
+                                            [--reuse-stock-titles bench/serve.json]
 """
 
 from __future__ import annotations
@@ -176,7 +177,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--soak", type=int, default=200)
     ap.add_argument("--out", default="bench/serve")
+    ap.add_argument("--reuse-stock-titles", metavar="JSON",
+                    help="take the stock server's runs with title requests from an earlier result (they do not "
+                         "depend on this package: the stock server re-prefills after every title; ~20 min a model)")
     args = ap.parse_args()
+    reused = json.loads(Path(args.reuse_stock_titles).read_text()) if args.reuse_stock_titles else None
     prose = stdlib_prose()
     doc = prose[len(prose) // 2: len(prose) // 2 + args.doc_chars]
     models = {"smollm2": (str(default_chat_model_path()), None), "gemma": (str(default_model_path()), "gemma")}
@@ -188,6 +193,9 @@ def main() -> int:
         per: dict = {}
         for kind in ("stock", "sekv"):
             for titles in (True, False):
+                if reused and kind == "stock" and titles:
+                    per["stock/titles"] = {**reused["models"][name]["stock/titles"], "reused_from": reused["commit"]}
+                    continue
                 server = Server(kind, path, fmt, args.threads, Path(f"/tmp/bench-serve-{name}-{kind}.log"))
                 try:
                     rows = conversation(server, doc, args.turns, titles, args.max_tokens)

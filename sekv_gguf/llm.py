@@ -86,7 +86,8 @@ class SekvLlama(llama_cpp.Llama):
     """``llama_cpp.Llama`` with a KV policy as its memory.
 
     Extra arguments: ``policy`` (a name of ``sekv_gguf.policies.POLICIES``), ``kv_budget`` (device cells, or a
-    fraction of ``n_ctx``), ``prefill`` (SeKV's prefill mode), ``adapter`` (a trained router GGUF for SeKV),
+    fraction of ``n_ctx``), ``prefill`` (SeKV's prefill mode), ``sekv`` (all of SeKV's parameters, a ``SekvConfig``;
+    its ``prefill`` is used, the ``prefill`` argument must then be left out), ``adapter`` (a trained router GGUF for SeKV),
     ``memories`` (a ``MemoryConfig``), ``rpc_servers`` (``"HOST:PORT,..."`` of llama.cpp RPC servers that take the
     offloaded layers; ``n_gpu_layers`` says how many), ``rpc_timeout_s``, ``repack_weights`` (``ContextConfig``).
     ``n_ctx`` is the logical context (0: the model's training context); prompts longer than the device cells work up
@@ -94,7 +95,8 @@ class SekvLlama(llama_cpp.Llama):
     """
 
     def __init__(self, model_path: str, *, policy: str = "sekv", kv_budget: float = BudgetConfig.kv_budget,
-                 prefill: str = SekvConfig.prefill, adapter: str | None = None, memories: MemoryConfig | None = None,
+                 prefill: str = SekvConfig.prefill, sekv: SekvConfig | None = None, adapter: str | None = None,
+                 memories: MemoryConfig | None = None,
                  n_ctx: int = 0, n_batch: int = 512, n_threads: int | None = None, n_gpu_layers: int = -1,
                  rpc_servers: str | Sequence[str] | None = None, rpc_timeout_s: float = ContextConfig.rpc_timeout_s,
                  repack_weights: bool = ContextConfig.repack_weights,
@@ -114,6 +116,9 @@ class SekvLlama(llama_cpp.Llama):
                 raise _refuse(f"a quantized K/V cache ({name}={t})")
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
+        if sekv is not None and (policy != "sekv" or prefill != SekvConfig.prefill):
+            raise ValueError("sekv= holds SeKV's parameters (prefill among them): only for policy='sekv', and "
+                             "without a separate prefill argument")
         if adapter is not None and policy != "sekv":
             raise ValueError(f"adapter is a router for the sekv policy, not for {policy}")
         kwargs.pop("n_ubatch", None)  # the policy's context decodes in batches of n_batch
@@ -140,7 +145,7 @@ class SekvLlama(llama_cpp.Llama):
                                    n_gpu_layers=n_gpu_layers, rpc_servers=devices.rpc_servers,
                                    rpc_timeout_s=rpc_timeout_s, repack_weights=repack_weights, verbose=verbose)
         budget = BudgetConfig(kv_budget=kv_budget, chunk=n_batch)
-        params = SekvConfig(prefill=prefill) if policy == "sekv" else None
+        params = (sekv or SekvConfig(prefill=prefill)) if policy == "sekv" else None
         router = TrainedRouter.from_file(adapter, model_path) if adapter else None
         mem = memories or MemoryConfig()
         self.memories = Memories(

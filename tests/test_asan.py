@@ -1,7 +1,8 @@
 """The KV hook under AddressSanitizer + UndefinedBehaviorSanitizer: ``scripts/build_llama.sh asan`` builds the patched
 libllama with both (cached by its own key; the first build takes minutes), and the hook's property test, its
-bad-input tests and its row tests run again in a child process that loads it (``LLAMA_CPP_LIB_PATH``, the sanitizer
-runtimes preloaded). Any report fails the test. The native module's own harness is ``test_native.py``'s."""
+bad-input tests, its row tests and its layer-callback tests run again in a child process that loads it
+(``LLAMA_CPP_LIB_PATH``, the sanitizer runtimes preloaded). Any report fails the test. The native module's own
+harness is ``test_native.py``'s."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITE = ["tests/test_hook_property.py", "tests/test_hook_errors.py", "tests/test_hook_rows.py"]
+SUITE = ["tests/test_hook_property.py", "tests/test_hook_errors.py", "tests/test_hook_rows.py",
+         "tests/test_hook_layer_callback.py"]
 
 
 def _runtime(cc: str, name: str) -> str:

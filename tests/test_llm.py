@@ -7,6 +7,7 @@ import llama_cpp
 import pytest
 
 from conftest import prose
+from sekv_gguf.config import SekvConfig
 from sekv_gguf.llm import SekvLlama, UnsupportedError
 from sekv_gguf.models import default_chat_model_path
 
@@ -46,6 +47,7 @@ def test_turns_evaluate_only_their_new_tokens_and_long_prompts_exceed_the_cells(
         assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"]
         assert llm.counters["evaluated_tokens"] <= new
         assert llm.stats()["sekv"]["spans"] > 0
+        assert llm.memories.active.counters["layer_routed_turns"] == 1  # the turn routed inside its one decode
         with pytest.raises(ValueError, match="exceed context window of 4096"):
             llm.create_completion("word " * 5000, max_tokens=4)
     finally:
@@ -75,6 +77,19 @@ def test_streaming_logprobs_and_grammar_work(smol):
 def test_what_a_compressed_memory_cannot_hold_is_refused(smol, kwargs, what):
     with pytest.raises(UnsupportedError, match=what):
         SekvLlama(smol, **kwargs)
+
+
+def test_sekv_parameters_are_taken_whole(smol):
+    with pytest.raises(ValueError, match="without a separate prefill argument"):
+        SekvLlama(smol, prefill="exact", sekv=SekvConfig(turn_routing="refresh"))
+    with pytest.raises(ValueError, match="only for policy='sekv'"):
+        SekvLlama(smol, policy="full", sekv=SekvConfig())
+    llm = SekvLlama(smol, kv_budget=512, n_ctx=1024, sekv=SekvConfig(turn_routing="refresh", span_min=24))
+    try:
+        llm.create_completion("One, two,", max_tokens=2, temperature=0)
+        assert llm.memories.active.config.turn_routing == "refresh" and llm.memories.active.config.span_min == 24
+    finally:
+        llm.close()
 
 
 def test_state_and_cache_apis_are_refused(smol):
