@@ -22,10 +22,8 @@ from sekv_gguf.llm import SekvLlama
 from sekv_gguf.models import default_chat_model_path, default_model_path
 from sekv_gguf.provenance import commit, machine
 
-QUESTIONS = ["What is this document about?", "Which module is described first?", "Name one function it mentions.",
-             "What does that function return?", "Give one warning from the text.", "Summarise it in one sentence.",
-             "Which part was the longest?", "Name a class from the text.", "What is its purpose?",
-             "Thank you. Any last remark?"]
+from bench_serve import QUESTIONS  # the server benchmark's conversation (scripts/ is on sys.path)  # isort: skip
+
 SYSTEM = "You answer questions about the document the user gives."
 ENGINES = ("stock", "layer", "refresh")
 
