@@ -180,6 +180,35 @@ def test_a_turn_is_decoded_once_with_one_logits_row(llama_model, gemma_model, wh
     assert cost["refresh"][1] == 2 and cost["prompt"][1] == len(turn) + 1
 
 
+def test_a_turn_falls_back_to_two_passes_where_the_layer_callback_is_unsupported(llama_model, monkeypatch):
+    """Where the hook refuses the layer callback (a cache outside host memory: UnsupportedModelError before any
+    decode), the turn takes the two-pass path, counted once, and later turns go there directly."""
+    from sekv_gguf.errors import UnsupportedModelError
+
+    doc, turn = _tokens(llama_model, 1400, 300), _tokens(llama_model, 21, 7000)[1:]
+    policy = make_policy("sekv", llama_model, 2000, budget=BUDGET)
+    try:
+        policy.append(doc)
+        refused = []
+
+        def unsupported(fn):
+            refused.append(fn)
+            raise UnsupportedModelError("sekv_layer_cb_set", -2, "the cache of layer 0 is not in host memory")
+
+        monkeypatch.setattr(policy.session.hook, "layer_callback", unsupported)
+        s = policy.session
+        tokens, routes = s.decoded_tokens, policy.counters["prompt_routes"]
+        logits = policy.append(turn)
+        check_invariants(policy)
+        assert len(refused) == 1 and not policy._layer_routing
+        assert s.decoded_tokens - tokens > len(turn)  # decoded, routed, its tail decoded again
+        assert policy.counters["prompt_routes"] == routes + 1 and policy.counters["layer_routed_turns"] == 0
+        policy.append([int(np.argmax(logits))] + turn[:5])
+        assert len(refused) == 1  # not asked again
+    finally:
+        policy.close()
+
+
 def test_a_cut_takes_no_more_anchors_than_its_allowance():
     """``Segmenter.cut``'s allowance bounds the anchors taken so far; within it, the most surprising tokens."""
     from sekv_gguf.segment import Segmenter
