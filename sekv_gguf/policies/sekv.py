@@ -126,7 +126,7 @@ class SekvPolicy(Policy):
     def _append(self, tokens: list[int]) -> np.ndarray:
         """Stream ``tokens`` through the budget context (compressing what leaves the window), then route and
         refresh the tail; an exact prefill when asked for and the memory is empty. A turn (``turn_tokens``) is
-        decoded for its last logits only (no surprisal rows)."""
+        decoded for its last logits only (no surprisal rows), routed inside that decode (``turn_routing``)."""
         cfg = self.config
         if cfg.prefill == "exact" and not self.plan.fits and self.segmenter.scored and not self.tokens:
             return prefill_exact(self, tokens)
@@ -170,11 +170,14 @@ class SekvPolicy(Policy):
             self._route_layer(ikv, self.session.hook.query(ikv), router, kind, prompt=True)
             self.counters["zoom_s"] += time.perf_counter() - t0
 
+        logits = None
         try:
             with self.session.hook.layer_callback(route_layer):
                 logits = self._decode(tokens, scored=scored, fill=fill)
         except UnsupportedModelError:
-            self._layer_routing = False  # checked before the decode: nothing was decoded
+            if logits is not None:  # raised by the routing inside the decode, not by the hook's refusal
+                raise
+            self._layer_routing = False  # refused before the decode: nothing was decoded
             self.counters["route_calls"] -= 1
             self.counters[f"{kind}_routes"] -= 1
             return self._append(tokens)
