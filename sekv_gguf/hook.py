@@ -297,7 +297,8 @@ class KVHook:
         try:
             yield
         finally:
-            check("sekv_layer_cb_set", api.sekv_layer_cb_set(self.ctx, ctypes.cast(None, api.sekv_layer_callback), None))
+            disarm = ctypes.cast(None, api.sekv_layer_callback)
+            check("sekv_layer_cb_set", api.sekv_layer_cb_set(self.ctx, disarm, None))
         if failure:
             raise failure[0]
 

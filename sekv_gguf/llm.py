@@ -86,8 +86,9 @@ class SekvLlama(llama_cpp.Llama):
     """``llama_cpp.Llama`` with a KV policy as its memory.
 
     Extra arguments: ``policy`` (a name of ``sekv_gguf.policies.POLICIES``), ``kv_budget`` (device cells, or a
-    fraction of ``n_ctx``), ``prefill`` (SeKV's prefill mode), ``sekv`` (all of SeKV's parameters, a ``SekvConfig``;
-    its ``prefill`` is used, the ``prefill`` argument must then be left out), ``adapter`` (a trained router GGUF for SeKV),
+    fraction of ``n_ctx``), ``prefill`` (SeKV's prefill mode), ``sekv`` (all of SeKV's parameters, a
+    ``SekvConfig``; its ``prefill`` is used, the ``prefill`` argument must then be left out), ``adapter`` (a trained
+    router GGUF for SeKV),
     ``memories`` (a ``MemoryConfig``), ``rpc_servers`` (``"HOST:PORT,..."`` of llama.cpp RPC servers that take the
     offloaded layers; ``n_gpu_layers`` says how many), ``rpc_timeout_s``, ``repack_weights`` (``ContextConfig``).
     ``n_ctx`` is the logical context (0: the model's training context); prompts longer than the device cells work up
