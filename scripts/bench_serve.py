@@ -32,6 +32,17 @@ QUESTIONS = ["What is this document about?", "Which module is described first?",
              "What does that function return?", "Give one warning from the text.", "Summarise it in one sentence.",
              "Which part was the longest?", "Name a class from the text.", "What is its purpose?",
              "Thank you. Any last remark?"]
+SYSTEM = "You answer questions about the document the user gives."
+# name -> (where its GGUF is, its chat format)
+MODELS = {"smollm2": (default_chat_model_path, None), "gemma": (default_model_path, "gemma")}
+
+
+def document(chars: int) -> str:
+    """``chars`` characters from the middle of the bundled standard-library prose (~6K tokens for 26000)."""
+    prose = stdlib_prose()
+    return prose[len(prose) // 2: len(prose) // 2 + chars]
+
+
 TITLE = ("### Task:\nGenerate a concise, 3-5 word title with an emoji summarizing the chat history.\n"
          "### Chat History:\n<chat_history>\nUSER: {q}\nASSISTANT: {a}\n</chat_history>")
 
@@ -113,7 +124,7 @@ def stream_chat(base: str, messages: list[dict], max_tokens: int) -> tuple[str, 
 
 
 def conversation(server: Server, doc: str, turns: int, titles: bool, max_tokens: int) -> list[dict]:
-    msgs = [{"role": "system", "content": "You answer questions about the document the user gives."}]
+    msgs = [{"role": "system", "content": SYSTEM}]
     rows = []
     for i in range(turns):
         q = QUESTIONS[i % len(QUESTIONS)]
@@ -182,9 +193,8 @@ def main() -> int:
                          "depend on this package: the stock server re-prefills after every title; ~20 min a model)")
     args = ap.parse_args()
     reused = json.loads(Path(args.reuse_stock_titles).read_text()) if args.reuse_stock_titles else None
-    prose = stdlib_prose()
-    doc = prose[len(prose) // 2: len(prose) // 2 + args.doc_chars]
-    models = {"smollm2": (str(default_chat_model_path()), None), "gemma": (str(default_model_path()), "gemma")}
+    doc = document(args.doc_chars)
+    models = {name: (str(path()), fmt) for name, (path, fmt) in MODELS.items()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {"name": "serve", "machine": machine(), "commit": commit(), "params": vars(args), "models": {}}

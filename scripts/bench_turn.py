@@ -17,14 +17,12 @@ from pathlib import Path
 import llama_cpp
 
 from sekv_gguf.config import SekvConfig
-from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.llm import SekvLlama
-from sekv_gguf.models import default_chat_model_path, default_model_path
 from sekv_gguf.provenance import commit, machine
 
-from bench_serve import QUESTIONS  # the server benchmark's conversation (scripts/ is on sys.path)  # isort: skip
+# the server benchmark's conversation, document and models (scripts/ is on sys.path)
+from bench_serve import MODELS, QUESTIONS, SYSTEM, document  # isort: skip
 
-SYSTEM = "You answer questions about the document the user gives."
 ENGINES = ("stock", "layer", "refresh")
 
 
@@ -107,12 +105,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/turn")
     args = ap.parse_args()
-    prose = stdlib_prose()
-    doc = prose[len(prose) // 2: len(prose) // 2 + args.doc_chars]
-    models = {"smollm2": (str(default_chat_model_path()), None), "gemma": (str(default_model_path()), "gemma")}
+    doc = document(args.doc_chars)
     result: dict = {"name": "turn", "machine": machine(), "commit": commit(), "params": vars(args), "models": {}}
     for name in args.models:
-        result["models"][name] = run_model(*models[name], doc, args)
+        path, fmt = MODELS[name]
+        result["models"][name] = run_model(str(path()), fmt, doc, args)
         print(json.dumps({name: {e: round(result["models"][name][e]["ratio_to_stock"], 3) for e in ENGINES}}))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
