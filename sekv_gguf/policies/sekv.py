@@ -162,7 +162,7 @@ class SekvPolicy(Policy):
         """A turn in one decode: each hooked layer routes with this decode's query and zooms before its attention
         (``turn_routing="layer"``); where the hook's layer callback is unsupported, the two-pass turn instead."""
         self._maintain(len(tokens))
-        kind, router = self._route_begin(prompt=True)
+        kind, router = "prompt", self._router(prompt=True)
         rebuilt = self.zoom.rebuilt_rows
 
         def route_layer(ikv: int) -> None:
@@ -178,9 +178,8 @@ class SekvPolicy(Policy):
             if logits is not None:  # raised by the routing inside the decode, not by the hook's refusal
                 raise
             self._layer_routing = False  # refused before the decode: nothing was decoded
-            self.counters["route_calls"] -= 1
-            self.counters[f"{kind}_routes"] -= 1
             return self._append(tokens)
+        self._count_route(kind)
         self.counters[f"{kind}_host_rows"] += self.zoom.rebuilt_rows - rebuilt
         self.counters["layer_routed_turns"] += 1
         self._chunk_done(len(tokens), len(tokens))
@@ -304,7 +303,8 @@ class SekvPolicy(Policy):
         ``prompt_scan`` a two-stage router gives way to exact mass over every span (one pass over the host rows
         per prompt, as the prefill that wrote them made)."""
         t0 = time.perf_counter()
-        kind, router = self._route_begin(prompt)
+        kind, router = "prompt" if prompt else "step", self._router(prompt)
+        self._count_route(kind)
         rebuilt = self.zoom.rebuilt_rows
         for ikv in range(self.n_layer):
             query = self.session.hook.query(ikv) if queries is None else queries[ikv]
@@ -312,14 +312,14 @@ class SekvPolicy(Policy):
         self.counters[f"{kind}_host_rows"] += self.zoom.rebuilt_rows - rebuilt  # the new zooms' host rows
         self.counters["zoom_s"] += time.perf_counter() - t0
 
-    def _route_begin(self, prompt: bool) -> tuple[str, Router]:
-        """Count a routing; its kind (prompt / step) and router (exact mass over every span for a prompt with
-        ``prompt_scan`` and a two-stage router)."""
-        kind = "prompt" if prompt else "step"
+    def _router(self, prompt: bool) -> Router:
+        """The router of a routing: exact mass over every span for a prompt with ``prompt_scan`` and a two-stage
+        router, else the policy's."""
+        return self.scan_router if prompt and self.config.prompt_scan and self.router.two_stage else self.router
+
+    def _count_route(self, kind: str) -> None:
         self.counters["route_calls"] += 1
         self.counters[f"{kind}_routes"] += 1
-        router = self.scan_router if prompt and self.config.prompt_scan and self.router.two_stage else self.router
-        return kind, router
 
     def _route_layer(self, ikv: int, query: np.ndarray, router: Router, kind: str, prompt: bool) -> None:
         """Rank the spans for layer ``ikv``'s query [n_head, head_dim] and zoom that layer into the best ones
