@@ -172,6 +172,11 @@ class SekvConfig:
         tokens of the whole prompt at once.
     span_min / span_max: span lengths; runs between anchors are cut at surprisal change points into spans of
         these lengths (a shorter tail waits in the window for more tokens).
+    span_cuts: where a span may end. "sentence": at the largest surprisal jump among the cuts right after a
+        sentence end (a token ending in . ! ? or holding a line break) in its length range, anywhere only where the
+        range holds none; "surprisal": at the largest jump anywhere — which cuts a sentence at its most surprising
+        word, typically a name (the key of a "the number for KEY is VALUE" sentence, leaving "for" in one span and
+        "KEY is VALUE" in the next: zoomed alone, a value loses what it belongs to).
     energy: share of a span's squared Frobenius norm the low-rank factors keep (per layer, for K and for V);
         when that rank exceeds ``r_max`` or its fp16 factors would not be smaller than the raw rows, the raw rows
         are kept instead, so the relative reconstruction error never exceeds sqrt(1 - energy).
@@ -224,6 +229,7 @@ class SekvConfig:
     spread_anchors: str = "none"
     span_min: int = 32
     span_max: int = 64
+    span_cuts: str = "sentence"
     energy: float = 0.999
     energy_v: float | None = None
     r_max: int = 64
@@ -261,6 +267,8 @@ class SekvConfig:
             raise ValueError(f"energy_v must be in (0, 1], got {self.energy_v}")
         if self.turn_routing not in ("layer", "refresh"):
             raise ValueError(f"turn_routing must be layer or refresh, got {self.turn_routing!r}")
+        if self.span_cuts not in ("sentence", "surprisal"):
+            raise ValueError(f"span_cuts must be sentence or surprisal, got {self.span_cuts!r}")
         if self.spread_anchors not in ("none", "share", "quantile"):
             raise ValueError(f"spread_anchors must be none, share or quantile, got {self.spread_anchors!r}")
         if self.host_format not in HOST_FORMATS:

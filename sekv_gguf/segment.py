@@ -72,11 +72,15 @@ class Segmenter:
         return mean + self.config.anchor_alpha * std
 
     def cut(self, surprisal: np.ndarray, final: bool = False, allowance: int | None = None,
-            floor: float | None = None) -> Segmentation:
+            floor: float | None = None, ends: np.ndarray | None = None) -> Segmentation:
         """Segment tokens that left the window, in position order. ``final``: also emit a short tail as a span.
         ``allowance``: most anchors taken so far, this cut included (a streamed memory spreads the cap over the
-        context; None: the whole cap). ``floor``: a stricter anchor threshold than mean + alpha * std."""
+        context; None: the whole cap). ``floor``: a stricter anchor threshold than mean + alpha * std. ``ends``:
+        bool [n], the tokens that end a sentence (``SentenceEnds``): a span then ends at one where its length
+        range holds one (None: anywhere)."""
         s = np.asarray(surprisal, dtype=np.float64)
+        if ends is not None and len(ends) != s.size:
+            raise ValueError(f"ends has {len(ends)} entries for {s.size} tokens")
         cfg = self.config
         # anchors: the most surprising tokens above the threshold, within what is left of the cap (and allowance)
         over = np.flatnonzero(s > max(self.threshold, -np.inf if floor is None else floor))
@@ -86,6 +90,7 @@ class Segmenter:
         anchors = np.sort(over)
         self.n_anchors += anchors.size
         rest = np.setdiff1d(np.arange(s.size), anchors)  # [n_rest] non-anchor tokens, in order
+        rest_ends = None if ends is None else np.asarray(ends, dtype=bool)[rest]  # [n_rest]
         spans: list[np.ndarray] = []
         i = 0
         while rest.size - i >= cfg.span_max + cfg.span_min or (rest.size - i >= cfg.span_min and
@@ -94,7 +99,8 @@ class Segmenter:
             if n_left <= cfg.span_max:
                 length = n_left
             else:
-                length = self._change_point(s[rest[i:i + cfg.span_max + 1]])
+                window = slice(i, i + cfg.span_max + 1)
+                length = self._change_point(s[rest[window]], None if rest_ends is None else rest_ends[window])
             spans.append(rest[i:i + length])
             i += length
         if final and rest.size - i > 0:
@@ -105,11 +111,16 @@ class Segmenter:
             i = rest.size
         return Segmentation(anchors=anchors, spans=spans, pending=rest[i:])
 
-    def _change_point(self, s: np.ndarray) -> int:
-        """Length in [span_min, span_max] of the next span: cut before the largest surprisal jump in that range."""
+    def _change_point(self, s: np.ndarray, ends: np.ndarray | None = None) -> int:
+        """Length in [span_min, span_max] of the next span: cut before the largest surprisal jump in that range —
+        among the cuts right after a sentence end when ``ends`` (bool, as ``s``) marks one there."""
         lo, hi = self.config.span_min, self.config.span_max
-        jumps = np.abs(np.diff(s))  # jumps[j] is between tokens j and j+1
-        return lo + int(np.argmax(jumps[lo - 1:hi]))
+        jumps = np.abs(np.diff(s))[lo - 1:hi]  # [hi - lo + 1]: jumps[j] is before token lo + j (a length lo + j)
+        if ends is not None:
+            after_end = ends[lo - 1:hi]        # [hi - lo + 1]: token lo + j - 1 ends a sentence
+            if after_end.any():
+                jumps = np.where(after_end, jumps, -np.inf)
+        return lo + int(np.argmax(jumps))
 
 
 class BlockSegmenter(Segmenter):
@@ -169,12 +180,13 @@ class SentenceSegmenter:
         """Nothing to forget."""
 
     def cut(self, signal: np.ndarray, final: bool = False, allowance: int | None = None,
-            floor: float | None = None) -> Segmentation:
-        """Sentences as spans; ``allowance`` and ``floor`` (anchor limits) do not apply: no anchors."""
-        ends = np.flatnonzero(np.asarray(signal) > 0.5)  # indices of sentence-final tokens
+            floor: float | None = None, ends: np.ndarray | None = None) -> Segmentation:
+        """Sentences as spans; ``allowance`` and ``floor`` (anchor limits) do not apply: no anchors; ``ends`` is
+        the signal already."""
+        finals = np.flatnonzero(np.asarray(signal) > 0.5)  # indices of sentence-final tokens
         spans: list[np.ndarray] = []
         start = 0
-        for e in ends:
+        for e in finals:
             for s0 in range(start, e + 1, self.span_max):
                 spans.append(np.arange(s0, min(s0 + self.span_max, e + 1)))
             start = e + 1

@@ -119,6 +119,7 @@ def test_sekv_truncate_inside_compressed_spans_redecodes_from_the_span(llama_mod
         before = policy.session.decoded_tokens
         assert policy.truncate(n)
         check_invariants(policy)
+        assert policy.sentence_end.size == n  # where spans may end, as long as the memory
         redone = policy.session.decoded_tokens - before
         assert policy.n_tokens == n and policy.tokens == toks[:n]
         assert redone <= (n - start) + policy.config.refresh_tokens  # the span's start to n, and the tail refresh
@@ -231,7 +232,64 @@ def test_a_cut_takes_no_more_anchors_than_its_allowance():
     assert np.all(s[strict.cut(s, floor=floor).anchors] > floor)  # a floor above the threshold is the bar
 
 
+def test_spans_end_after_a_sentence_end_where_their_range_holds_one():
+    """``span_cuts="sentence"``: the cut is the largest surprisal jump among the cuts right after a sentence end in
+    [span_min, span_max]; with none in range (or ``ends`` not given) the largest jump anywhere."""
+    from sekv_gguf.segment import Segmenter
+
+    cfg = SekvConfig(span_min=4, span_max=8, anchor_share=0.0)
+    s = np.zeros(40, dtype=np.float32)
+    s[[6, 15]] = 5.0                           # surprisal jumps before tokens 6, 7, 15 and 16
+    ends = np.zeros(40, dtype=bool)
+    ends[[4, 14, 16]] = True                   # tokens 4, 14 and 16 end sentences
+    plain = Segmenter(cfg, cap=0).cut(s, final=True)
+    sentence = Segmenter(cfg, cap=0).cut(s, final=True, ends=ends)
+    assert [int(g[0]) for g in plain.spans][:5] == [0, 6, 10, 15, 19]     # the largest jump in range
+    # after token 4 (the only end in [4, 8]); none in 5 + [4, 8]: the jump (none: the shortest); of the ends 14
+    # and 16 in 9 + [4, 8] the one before the larger jump (14)
+    assert [int(g[0]) for g in sentence.spans][:5] == [0, 5, 9, 15, 19]
+    for seg in (plain, sentence):              # every token once, in order, each span within its lengths
+        np.testing.assert_array_equal(np.concatenate(seg.spans), np.arange(40))
+        assert all(4 <= g.size <= 8 + 4 for g in seg.spans)
+    with pytest.raises(ValueError, match="ends has 39 entries for 40 tokens"):
+        Segmenter(cfg, cap=0).cut(s, ends=ends[:39])
+
+
+@pytest.mark.parametrize("prefill", ["streaming", "exact"])
+def test_a_memory_s_spans_end_at_sentence_ends(llama_model, prefill):
+    """Streamed or exact, a span whose length range holds a sentence end ends at one (``span_cuts="sentence"``);
+    cut at surprisal jumps alone, some do not."""
+    from sekv_gguf.segment import SentenceEnds
+
+    toks = _tokens(llama_model, 1800, 300)
+    misses = {}
+    for cuts in ("sentence", "surprisal"):
+        cfg = SekvConfig(span_cuts=cuts, anchor_share=0.0, prefill=prefill)
+        policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=cfg)
+        try:
+            logits = policy.append(toks)
+            _greedy(policy, logits, 3)
+            marks = SentenceEnds(policy.session.piece)(policy.tokens) > 0.5   # [n_tokens] from the tokens
+            recorded = policy.span_ends(np.arange(policy.n_tokens))           # what the policy noted, or None
+            if cuts == "sentence":
+                np.testing.assert_array_equal(recorded, marks)
+            else:
+                assert recorded is None
+            spans = policy.store.spans
+            assert len(spans) > 10
+            # spans whose length range [span_min, span_max] held a sentence end; did they end at one?
+            could = [s for s in spans[:-1] if marks[s.positions[0] + cfg.span_min - 1:
+                                                    s.positions[0] + cfg.span_max].any()]
+            assert len(could) > 5
+            misses[cuts] = sum(not marks[s.positions[-1]] for s in could)
+        finally:
+            policy.close()
+    assert misses["sentence"] == 0 and misses["surprisal"] > 0
+
+
 def test_turn_and_anchor_settings_are_checked():
+    with pytest.raises(ValueError, match="span_cuts"):
+        SekvConfig(span_cuts="words")
     with pytest.raises(ValueError, match="spread_anchors"):
         SekvConfig(spread_anchors="evenly")
     with pytest.raises(ValueError, match="turn_tokens"):

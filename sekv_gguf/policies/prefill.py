@@ -28,6 +28,7 @@ def prefill_exact(policy: Any, tokens: list[int]) -> np.ndarray:
             policy.n_prefilled = c0 + len(chunk)
             policy.notify()
         policy.prev_logits = prev
+        policy.note_sentence_ends(tokens)
         policy.phase = "compress"
         policy.notify()
         _transfer(policy, full, surp)
@@ -47,7 +48,8 @@ def _transfer(policy: Any, full: Session, surp: np.ndarray) -> None:
     n_sink = min(policy.plan.config.n_sink, n)
     window_start = max(n_sink, n - _window(policy, n))
     policy.segmenter.observe(surp[n_sink:])
-    seg = policy.segmenter.cut(surp[n_sink:window_start], final=True)
+    seg = policy.segmenter.cut(surp[n_sink:window_start], final=True,
+                               ends=policy.span_ends(np.arange(n_sink, window_start)))
     anchors = n_sink + seg.anchors
     groups = [n_sink + g for g in seg.spans]
     resident = np.concatenate([np.arange(n_sink), anchors, np.arange(window_start, n)]).astype(np.int64)

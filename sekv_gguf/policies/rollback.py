@@ -59,5 +59,6 @@ def _cut_window(policy: Any, n: int) -> bool:
 def _rewind(policy: Any, n: int) -> None:
     """Segmentation statistics and signal as they were after ``n`` tokens; the next token's logits are gone."""
     policy.signal_log = policy.signal_log[:n]
+    policy.sentence_end = policy.sentence_end[:n]
     policy.segmenter.rewind(policy.signal_log[len(policy.sinks):n], len(policy.anchors))
     policy.prev_logits = None

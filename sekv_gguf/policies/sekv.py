@@ -26,7 +26,7 @@ from .. import native
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..errors import BudgetError, UnsupportedModelError
 from ..router import LowRankMassRouter, Router, training_free
-from ..segment import Segmenter
+from ..segment import Segmenter, SentenceEnds
 from ..session import Session
 from ..span_store import SpanStore, single_threaded_blas
 from .base import Policy
@@ -85,6 +85,8 @@ class SekvPolicy(Policy):
         self.swa_transferred = False  # the SWA cache came from another context (exact prefill)
         self.steps = 0
         self.signal_log = np.zeros(0, dtype=np.float32)  # [n_tokens] every token's segmentation signal
+        self.sentence_end = np.zeros(0, dtype=bool)      # [n_tokens] which tokens end a sentence (span_cuts)
+        self.sentence_ends = SentenceEnds(self.session.piece) if config.span_cuts == "sentence" else None
         self.carry_signal: float | None = None  # the signal of the next token when its logits are gone (rollback)
         # routing: calls, seconds (all / during decode steps), K rows read from the host tier and the device
         self.counters = {"route_calls": 0, "compress_s": 0.0, "zoom_s": 0.0, "step_route_s": 0.0,
@@ -111,8 +113,18 @@ class SekvPolicy(Policy):
         if self.carry_signal is not None:  # the first token after a rollback: its surprisal from before
             surp[0], self.carry_signal = self.carry_signal, None
         self.prev_logits = last
+        self.note_sentence_ends(tokens)
         self._admit(p0, self.segmenter.signal(tokens, surp, self.session.piece))
         return last
+
+    def note_sentence_ends(self, tokens: list[int]) -> None:
+        """Record which of the newest ``tokens`` end a sentence (where spans may end, ``span_cuts``)."""
+        if self.sentence_ends is not None:
+            self.sentence_end = np.concatenate([self.sentence_end, self.sentence_ends(tokens) > 0.5])
+
+    def span_ends(self, positions: np.ndarray) -> np.ndarray | None:
+        """bool [n]: which tokens at ``positions`` end a sentence, for the segmenter's cuts (None: cut anywhere)."""
+        return None if self.sentence_ends is None else self.sentence_end[np.asarray(positions, dtype=np.int64)]
 
     def _admit(self, p0: int, signal: np.ndarray) -> None:
         """Place the newly decoded tokens (positions p0..) into sinks or the window."""
@@ -202,7 +214,7 @@ class SekvPolicy(Policy):
         return truncate(self, n)
 
     def _shared(self) -> list[Any]:
-        return super()._shared() + self.store.shared_objects()
+        return super()._shared() + self.store.shared_objects() + [self.sentence_ends]
 
     @property
     def host_bytes(self) -> int:
@@ -237,7 +249,7 @@ class SekvPolicy(Policy):
         t0 = time.perf_counter()
         w = self.window
         seg = self.segmenter.cut(w.signal[:over], allowance=self._anchor_allowance(int(w.pos[over - 1]) + 1),
-                                 floor=self._anchor_floor())
+                                 floor=self._anchor_floor(), ends=self.span_ends(w.pos[:over]))
         self.anchors.extend(int(w.pos[i]) for i in seg.anchors)
         if seg.spans:
             cells = np.concatenate([w.cell[g] for g in seg.spans])

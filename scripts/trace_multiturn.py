@@ -1,0 +1,144 @@
+"""The multi-turn evaluation's document (``eval --tasks niah_multiturn``) with sekv's decisions traced per turn: where
+each needle's tokens went (anchors, spans), which hooked layers hold each needle's spans after the turn's question,
+how the router ranked them, and the first answer token's top probabilities — beside full KV's. ``--force`` runs the
+oracle variants too: the asked needle's spans forced into every layer's choice, and also the other needles'
+spans kept out. Writes JSON.
+
+    .venv/bin/python scripts/trace_multiturn.py --tokens 8192 --seeds 1 2 --force
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from sekv_gguf.cli import sekv_overrides
+from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
+from sekv_gguf.engine import make_policy
+from sekv_gguf.models import default_model_path
+from sekv_gguf.provenance import commit, machine
+from sekv_gguf.ruler_tasks import make_case
+from sekv_gguf.session import load_model
+
+N_TOP = 5  # first-answer-token candidates reported
+
+
+def needles(model, prompt: str, values: list[str]) -> list[tuple[int, int]]:
+    """Token range of each needle sentence (one per value) in the prompt's tokens."""
+    tok = lambda s: model.tokenize(s.encode(), add_bos=True, special=False)  # noqa: E731
+    out = []
+    for value in values:
+        end = prompt.index(f"is: {value}.") + len(f"is: {value}.")
+        start = prompt.rindex("One of the special magic", 0, end)
+        out.append((len(tok(prompt[:start])) - 1, len(tok(prompt[:end])) + 1))
+    return out
+
+
+def top(policy, logits: np.ndarray) -> list[tuple[str, float]]:
+    p = np.exp(logits - logits.max())
+    p /= p.sum()                                                      # [n_vocab]
+    best = np.argsort(-p)[:N_TOP]
+    return [(policy.session.text([int(t)]), round(float(p[t]), 3)) for t in best]
+
+
+def run(model, doc: list[int], turns: list[tuple[list[int], str]], spans_of: list[tuple[int, int]], name: str,
+        budget: float | None, params: SekvConfig | None, mode: str, threads: int, n_predict: int) -> dict:
+    """One conversation; ``mode``: "" (as the policy decides), "force" (the asked needle's spans first in every
+    layer's choice), "isolate" (also the other needles' spans never chosen)."""
+    n_ctx = len(doc) + sum(len(q) for q, _ in turns) + len(turns) * n_predict
+    policy = make_policy(name, model, n_ctx, ContextConfig(n_threads=threads), BudgetConfig(kv_budget=budget or 1.0),
+                         params)
+    row: dict = {"policy": name, "budget": budget, "mode": mode, "turns": []}
+    try:
+        policy.prefill(doc)
+        ids = []  # per needle: the ids of the spans holding its tokens
+        if hasattr(policy, "store"):
+            for a, b in spans_of:
+                pos = set(range(a, b))
+                ids.append([s.id for s in policy.store.spans if pos & set(s.positions.tolist())])
+            row["needle_spans"] = ids
+            row["needle_anchor_text"] = [policy.session.text([policy.tokens[p] for p in sorted(set(range(a, b))
+                                                                                                  & set(policy.anchors))])
+                                         for a, b in spans_of]
+        for question, answer in turns:
+            asked = next(i for i, (a, b) in enumerate(spans_of)
+                         if answer in policy.session.text(doc[a:b]))
+            ranks: dict[int, list[int]] = {}
+            if hasattr(policy, "zoom"):
+                choose = policy.zoom.choose.__func__
+
+                def chooser(scores, lengths, _self=policy.zoom, _asked=asked):
+                    scores = np.asarray(scores, dtype=np.float64).copy()  # [n_spans]
+                    order = list(np.argsort(-scores, kind="stable"))
+                    ikv = len(ranks)
+                    ranks[ikv] = [[order.index(s) for s in sp] for sp in ids]
+                    if mode:
+                        scores[ids[_asked]] = np.inf
+                    if mode == "isolate":
+                        for j, sp in enumerate(ids):
+                            if j != _asked:
+                                scores[sp] = -np.inf
+                    return choose(_self, scores, lengths)
+
+                policy.zoom.choose = chooser
+            logits = policy.append(question)
+            first = top(policy, logits)
+            out = []
+            for _ in range(n_predict):
+                tok = int(np.argmax(logits))
+                out.append(tok)
+                logits = policy.step(tok)
+            if hasattr(policy, "zoom"):
+                policy.zoom.choose = choose.__get__(policy.zoom)
+            text = policy.session.text(out)
+            turn = {"asked": asked, "answer": answer, "text": text, "hit": answer in text, "first": first}
+            if hasattr(policy, "zoom"):
+                turn["ranks_at_question"] = [ranks[k] for k in sorted(ranks)][: policy.n_layer]
+                turn["resident_after"] = [[sorted(set(sp) & set(r)) for sp in ids] for r in policy.zoom.resident]
+            row["turns"].append(turn)
+    finally:
+        policy.close()
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--budget", type=float, default=0.2)
+    ap.add_argument("--force", action="store_true", help="also the oracle runs (forced / isolated needle spans)")
+    ap.add_argument("--no-full", action="store_true")
+    ap.add_argument("--sekv", action="append", metavar="KEY=VALUE", help="a SekvConfig override (repeatable)")
+    ap.add_argument("-n", "--n-predict", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="bench/trace-multiturn.json")
+    args = ap.parse_args()
+    model = load_model(str(default_model_path()))
+    count = lambda s: len(model.tokenize(s.encode(), add_bos=True, special=False))  # noqa: E731
+    params = SekvConfig(**sekv_overrides(args.sekv or []))
+    rows = []
+    for seed in args.seeds:
+        case = make_case("niah_multiturn", count, args.tokens, seed, "prose")
+        doc = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
+        turns = [(model.tokenize(t["text"].encode(), add_bos=False, special=False), t["answer"])
+                 for t in case.meta["turns"]]
+        spans_of = needles(model, case.prompt, list(case.answers))
+        runs = [] if args.no_full else [("full", None, None, "")]
+        runs += [("sekv", args.budget, params, m) for m in ([""] + (["force", "isolate"] if args.force else []))]
+        for name, budget, p, mode in runs:
+            row = run(model, doc, turns, spans_of, name, budget, p, mode, args.threads, args.n_predict)
+            row.update({"seed": seed, "values": list(case.answers), "needles": spans_of,
+                        "depths": [t["depth"] for t in case.meta["turns"]]})
+            rows.append(row)
+            print(json.dumps({k: row[k] for k in ("seed", "policy", "mode")}),
+                  *[json.dumps(t) for t in row["turns"]], sep="\n  ", flush=True)
+            Path(args.out).write_text(json.dumps({"machine": machine(), "commit": commit(), "params": vars(args),
+                                                  "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
