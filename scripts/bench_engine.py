@@ -4,6 +4,7 @@ Writes bench/engine.json (machine, commit, every parameter, per-case raw numbers
 
     .venv/bin/python scripts/bench_engine.py                       # Gemma 3 270M 2K-32K + tiny llama 8K-64K
     .venv/bin/python scripts/bench_engine.py --gemma 2048 --tiny 8192 --depths 0.5
+    .venv/bin/python scripts/bench_engine.py --gemma 8192 --tiny --sekv step_routing=layer   # a third run, sekv-...
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.documents import needle_prompt
 from sekv_gguf.engine import generate, make_policy
@@ -27,24 +29,32 @@ ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("full", "sekv")
 
 
+def runs(overrides: dict) -> list[tuple[str, str, SekvConfig | None]]:
+    """(label, policy, parameters): full, sekv, and sekv with ``overrides`` when there are any."""
+    out = [(name, name, None) for name in POLICIES]
+    if overrides:
+        out.append(("-".join(["sekv", *(f"{k}={v}" for k, v in overrides.items())]), "sekv", SekvConfig(**overrides)))
+    return out
+
+
 def run_case(model, model_name: str, n_tokens: int, depth: float, n_predict: int, budget: float, min_budget: int,
-             seed: int, ctx_config: ContextConfig) -> list[dict]:
+             seed: int, ctx_config: ContextConfig, overrides: dict) -> list[dict]:
     count = lambda text: len(model.tokenize(text.encode(), add_bos=True, special=False))  # noqa: E731
     needle = needle_prompt(count, n_tokens, depth, seed)
     tokens = model.tokenize(needle.prompt.encode(), add_bos=True, special=False)
     out = []
     cells = max(int(budget * (len(tokens) + n_predict)), min_budget)  # short contexts need a floor of cells
-    for name in POLICIES:
-        policy = make_policy(name, model, len(tokens) + n_predict, ctx_config, BudgetConfig(kv_budget=cells))
+    for label, name, params in runs(overrides):
+        policy = make_policy(name, model, len(tokens) + n_predict, ctx_config, BudgetConfig(kv_budget=cells), params)
         t0 = time.perf_counter()
         r = generate(policy, tokens, n_predict, model_name=model_name, stop_at_eos=False)
         wall = time.perf_counter() - t0
         policy.close()
         row = r.to_json()
-        row.update({"n_tokens": n_tokens, "depth": depth, "budget_cells_asked": cells, "answer": needle.answer,
+        row.update({"policy": label, "n_tokens": n_tokens, "depth": depth, "budget_cells_asked": cells, "answer": needle.answer,
                     "correct": needle.answer in r.text, "wall_s": wall})
         out.append(row)
-        print(f"{model_name} {n_tokens:>6} depth {depth:.2f} {name:>5}: kv {row['device_kv_bytes'] / 2**20:7.2f} MiB"
+        print(f"{model_name} {n_tokens:>6} depth {depth:.2f} {label:>5}: kv {row['device_kv_bytes'] / 2**20:7.2f} MiB"
               f" host {row['host_kv_bytes'] / 2**20:7.2f} MiB prefill {row['prefill_tok_s']:7.1f} tok/s decode "
               f"{row['decode_tok_s']:6.1f} tok/s correct {row['correct']} {r.text.strip()[:24]!r}", flush=True)
     return out
@@ -69,7 +79,7 @@ def plot(cases: list[dict], path: Path) -> None:
                 vals.append(sum(xs) / len(xs))
             return vals
 
-        for policy in POLICIES:
+        for policy in sorted({c["policy"] for c in sub}, key=lambda p: (len(p), p)):
             row[0].plot(lengths, [v / 2**20 for v in series(policy, "device_kv_bytes")], "o-", label=f"{policy} device")
             row[1].plot(lengths, series(policy, "prefill_tok_s"), "o-", label=policy)
             row[2].plot(lengths, series(policy, "decode_tok_s"), "o-", label=policy)
@@ -95,8 +105,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads per context (0: half the logical cores)")
     ap.add_argument("--shaped", action="append", default=[], metavar="NAME=LEN[,LEN...]",
                     help=f"random-weight models shaped like real ones ({', '.join(SHAPED)}) at these lengths")
+    ap.add_argument("--sekv", action="append", metavar="KEY=VALUE",
+                    help="a SekvConfig override for a third run beside full and sekv (repeatable)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "engine"))
     args = ap.parse_args()
+    overrides = sekv_overrides(args.sekv or [])
 
     ctx_config = ContextConfig(n_threads=args.threads)
     cases: list[dict] = []
@@ -106,14 +119,14 @@ def main() -> int:
         for n in args.gemma:
             for d in args.depths:
                 cases += run_case(model, "gemma3-270m", n, d, args.n_predict, args.budget, args.min_budget, args.seed,
-                                  ctx_config)
+                                  ctx_config, overrides)
     if args.tiny:
         with tempfile.TemporaryDirectory() as tmp:
             spec = TinySpec(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head_dim=32, n_ff=256)
             model = load_model(write_tiny_llama(Path(tmp) / "tiny.gguf", spec), ctx_config)
             for n in args.tiny:
                 cases += run_case(model, "tiny-llama", n, 0.5, args.n_predict, args.budget, args.min_budget, args.seed,
-                                  ctx_config)
+                                  ctx_config, overrides)
 
     for item in args.shaped:
         name, _, lengths = item.partition("=")
@@ -121,7 +134,7 @@ def main() -> int:
             model = load_model(write_shaped(Path(tmp) / f"{name}.gguf", name), ctx_config)
             for n in (int(x) for x in lengths.split(",") if x):
                 cases += run_case(model, f"{name}-shaped", n, 0.5, args.n_predict, args.budget, args.min_budget,
-                                  args.seed, ctx_config)
+                                  args.seed, ctx_config, overrides)
             del model
 
     out = Path(args.out)

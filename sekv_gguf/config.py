@@ -216,6 +216,10 @@ class SekvConfig:
         hook's layer callback), so every token of the turn reads the zoomed spans without a second pass. Where the
         callback is unsupported (cache not in host memory) it falls back to "refresh": decode, route with the
         captured queries, decode the turn again (the tail refresh above).
+    step_routing: when a decode step's routing (every ``route_every`` steps) takes effect. "lagged": after the
+        step, with its query, for the steps that follow (each step reads what an earlier query chose); "layer":
+        inside the step's own decode, each hooked layer with this step's query before its attention (the layer
+        callback, as ``turn_routing``; where it is unsupported, "lagged").
     elastic_window: give the recent window every cell that sinks, anchors, summary rows and the zoom slots do not
         hold (less the next decode's tokens and a span's worth of pending tokens); it shrinks back as spans
         arrive, never below the budget's fixed window. Off: the window is the budget's fixed window.
@@ -245,6 +249,7 @@ class SekvConfig:
     refresh_tokens: int = 32
     turn_tokens: int = 64
     turn_routing: str = "layer"
+    step_routing: str = "lagged"
     elastic_window: bool = True
     compress_when_fits: bool = False
 
@@ -267,6 +272,8 @@ class SekvConfig:
             raise ValueError(f"energy_v must be in (0, 1], got {self.energy_v}")
         if self.turn_routing not in ("layer", "refresh"):
             raise ValueError(f"turn_routing must be layer or refresh, got {self.turn_routing!r}")
+        if self.step_routing not in ("lagged", "layer"):
+            raise ValueError(f"step_routing must be lagged or layer, got {self.step_routing!r}")
         if self.span_cuts not in ("sentence", "surprisal"):
             raise ValueError(f"span_cuts must be sentence or surprisal, got {self.span_cuts!r}")
         if self.spread_anchors not in ("none", "share", "quantile"):

@@ -78,6 +78,40 @@ def test_a_turn_zoomed_inside_its_decode_equals_full(llama_model, gemma_model, w
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("which, routing", [("llama", "layer"), ("gemma", "layer"), ("llama", "lagged")])
+def test_a_step_routed_inside_its_decode_equals_full(llama_model, gemma_model, which, routing):
+    """The same anchor for a decode step: every zoom dropped after an exact full-rank prefill, the next step is a
+    routing step (``route_every=1``, no cap on new zooms). With ``step_routing="layer"`` it rebuilds every span
+    inside its own decode with its own query, so its logits equal full KV's; routed after the decode ("lagged"),
+    the step read no span at all and its logits differ — the lag this setting removes."""
+    model = llama_model if which == "llama" else gemma_model
+    toks = _tokens(model, 700, offset=3000)
+    nxt = _tokens(model, 40, offset=9000)[5]
+    cc = ContextConfig(flash_attn=False)
+    full = make_policy("full", model, len(toks) + 32, cc, BudgetConfig(chunk=128))
+    full.prefill(toks)
+    want = full.step(nxt)
+    full.close()
+    cfg = SekvConfig(prefill="exact", energy=1.0, zoom_share=0.6, compress_when_fits=True, elastic_window=False,
+                     host_format="f16", step_routing=routing, route_every=1, max_new_zooms=10_000)
+    policy = make_policy("sekv", model, len(toks) + 32, cc, BudgetConfig(kv_budget=2048, chunk=128), cfg)
+    try:
+        policy.prefill(toks)
+        policy.zoom.forget(0)
+        decoded = policy.session.decoded_tokens
+        got = policy.step(nxt)
+        assert policy.session.decoded_tokens - decoded == 1  # one pass either way
+        assert all(len(resident) == len(policy.store) for resident in policy.zoom.resident)
+        assert policy.counters["layer_routed_steps"] == (routing == "layer")
+        assert policy.counters["step_routes"] == 1
+    finally:
+        policy.close()
+    if routing == "layer":
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    else:
+        assert np.abs(got - want).max() > 1e-3 * np.abs(want).max()
+
+
 def test_compression_invariants_and_budget(llama_model):
     toks = _tokens(llama_model, 3000, offset=500)
     n = 16

@@ -201,11 +201,38 @@ def test_a_turn_falls_back_to_two_passes_where_the_layer_callback_is_unsupported
         tokens, routes = s.decoded_tokens, policy.counters["prompt_routes"]
         logits = policy.append(turn)
         check_invariants(policy)
-        assert len(refused) == 1 and not policy._layer_routing
+        assert len(refused) == 1 and not policy._layer_callback
         assert s.decoded_tokens - tokens > len(turn)  # decoded, routed, its tail decoded again
         assert policy.counters["prompt_routes"] == routes + 1 and policy.counters["layer_routed_turns"] == 0
         policy.append([int(np.argmax(logits))] + turn[:5])
         assert len(refused) == 1  # not asked again
+    finally:
+        policy.close()
+
+
+def test_a_step_routes_after_its_decode_where_the_layer_callback_is_unsupported(llama_model, monkeypatch):
+    """``step_routing="layer"`` with the callback refused: the routing step is decoded once and routed after it
+    (the lagged routing), and the callback is not asked again."""
+    from sekv_gguf.errors import UnsupportedModelError
+
+    doc = _tokens(llama_model, 1400, 300)
+    policy = make_policy("sekv", llama_model, 2000, budget=BUDGET,
+                         params=SekvConfig(step_routing="layer", route_every=2))
+    try:
+        logits = policy.append(doc)
+        refused = []
+
+        def unsupported(fn):
+            refused.append(fn)
+            raise UnsupportedModelError("sekv_layer_cb_set", -2, "the cache of layer 0 is not in host memory")
+
+        monkeypatch.setattr(policy.session.hook, "layer_callback", unsupported)
+        s = policy.session
+        tokens, routes = s.decoded_tokens, policy.counters["step_routes"]
+        _greedy(policy, logits, 4)
+        assert len(refused) == 1 and not policy._layer_callback
+        assert s.decoded_tokens - tokens == 4 and policy.steps == 4
+        assert policy.counters["step_routes"] == routes + 2 and policy.counters["layer_routed_steps"] == 0
     finally:
         policy.close()
 
@@ -288,6 +315,8 @@ def test_a_memory_s_spans_end_at_sentence_ends(llama_model, prefill):
 
 
 def test_turn_and_anchor_settings_are_checked():
+    with pytest.raises(ValueError, match="step_routing"):
+        SekvConfig(step_routing="now")
     with pytest.raises(ValueError, match="span_cuts"):
         SekvConfig(span_cuts="words")
     with pytest.raises(ValueError, match="spread_anchors"):

@@ -90,11 +90,11 @@ class SekvPolicy(Policy):
         self.carry_signal: float | None = None  # the signal of the next token when its logits are gone (rollback)
         # routing: calls, seconds (all / during decode steps), K rows read from the host tier and the device
         self.counters = {"route_calls": 0, "compress_s": 0.0, "zoom_s": 0.0, "step_route_s": 0.0,
-                         "layer_routed_turns": 0,
+                         "layer_routed_turns": 0, "layer_routed_steps": 0,
                          **{f"{kind}_{what}": 0 for kind in ("prompt", "step")
                             for what in ("routes", "host_rows", "device_rows")}}
         self.scan_router = LowRankMassRouter()  # exact mass over every span: the prompt routing's (prompt_scan)
-        self._layer_routing = config.turn_routing == "layer"  # until the hook says the callback is unsupported
+        self._layer_callback = True  # until the hook says its layer callback is unsupported
         self._init_done()
 
     # -- decoding ----------------------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ class SekvPolicy(Policy):
         fill = 0.0
         if scored and turn:
             scored, fill = False, self.segmenter.mean
-        if turn and len(self.store) and self._layer_routing:
+        if turn and len(self.store) and cfg.turn_routing == "layer" and self._layer_callback:
             return self._turn_routed_in_layers(tokens, scored, fill)
         logits = None
         starts = chunk_starts(len(tokens), self.plan.chunk, cfg.refresh_tokens)
@@ -169,18 +169,31 @@ class SekvPolicy(Policy):
         self.n_prefilled = n_prefilled
         self.notify()
 
-    @single_threaded_blas
     def _turn_routed_in_layers(self, tokens: list[int], scored: bool, fill: float) -> np.ndarray:
         """A turn in one decode: each hooked layer routes with this decode's query and zooms before its attention
         (``turn_routing="layer"``); where the hook's layer callback is unsupported, the two-pass turn instead."""
         self._maintain(len(tokens))
-        kind, router = "prompt", self._router(prompt=True)
+        logits = self._routed_in_layers(tokens, scored, fill, prompt=True)
+        if logits is None:
+            return self._append(tokens)
+        self.counters["layer_routed_turns"] += 1
+        self._chunk_done(len(tokens), len(tokens))
+        return logits
+
+    @single_threaded_blas
+    def _routed_in_layers(self, tokens: list[int], scored: bool, fill: float, prompt: bool) -> np.ndarray | None:
+        """Decode ``tokens`` with each hooked layer routing (``route``'s ``prompt`` kind or a step's) with this
+        decode's own query before its attention reads the cache (the hook's layer callback); None, with nothing
+        decoded, where the hook refuses the callback (it is not asked again)."""
+        kind, router = "prompt" if prompt else "step", self._router(prompt)
         rebuilt = self.zoom.rebuilt_rows
 
         def route_layer(ikv: int) -> None:
             t0 = time.perf_counter()
-            self._route_layer(ikv, self.session.hook.query(ikv), router, kind, prompt=True)
-            self.counters["zoom_s"] += time.perf_counter() - t0
+            self._route_layer(ikv, self.session.hook.query(ikv), router, kind, prompt)
+            dt = time.perf_counter() - t0
+            self.counters["zoom_s"] += dt
+            self.counters["step_route_s"] += 0.0 if prompt else dt
 
         logits = None
         try:
@@ -189,15 +202,23 @@ class SekvPolicy(Policy):
         except UnsupportedModelError:
             if logits is not None:  # raised by the routing inside the decode, not by the hook's refusal
                 raise
-            self._layer_routing = False  # refused before the decode: nothing was decoded
-            return self._append(tokens)
+            self._layer_callback = False  # refused before the decode: nothing was decoded
+            return None
         self._count_route(kind)
         self.counters[f"{kind}_host_rows"] += self.zoom.rebuilt_rows - rebuilt
-        self.counters["layer_routed_turns"] += 1
-        self._chunk_done(len(tokens), len(tokens))
         return logits
 
     def _step(self, token: int) -> np.ndarray:
+        due = bool(len(self.store)) and (self.steps + 1) % self.config.route_every == 0
+        if due and self.config.step_routing == "layer" and self._layer_callback:
+            self.irreversible()
+            self.steps += 1  # the routing's step, as the lagged routing below sees it
+            logits = self._routed_in_layers([token], scored=False, fill=0.0, prompt=False)
+            if logits is not None:
+                self.counters["layer_routed_steps"] += 1
+                self._maintain(1)
+                return logits
+            self.steps -= 1  # the callback was refused: route after the decode instead
         logits = self._decode([token], scored=False)
         self.steps += 1
         self._maintain(1)
