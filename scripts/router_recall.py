@@ -38,7 +38,7 @@ from sekv_gguf.policies.budget import BudgetPlan
 from sekv_gguf.provenance import commit, machine
 from sekv_gguf.router import (HeldSpans, IndexRouter, LowRankMassRouter, Router, SummaryRouter, TrainedRouter,
                               verify)
-from sekv_gguf.segment import Segmenter
+from sekv_gguf.segment import Segmenter, span_ends
 from sekv_gguf.session import Session, load_model
 from sekv_gguf.span_store import SpanStore, single_threaded_blas
 
@@ -76,7 +76,8 @@ def study(model, case, tokens: list[int], args, adapter_router: Router | None) -
         window_start = max(n_sink, n - plan.window)
         seg = Segmenter(cfg, plan.anchor_cap)
         seg.observe(surp[n_sink:])
-        cut = seg.cut(surp[n_sink:window_start], final=True)
+        cut = seg.cut(surp[n_sink:window_start], final=True,
+                      ends=span_ends(cfg, session.piece, tokens[n_sink:window_start]))
         groups = [n_sink + g for g in cut.spans]
         hook = session.hook
         layer = hook.layers[0]

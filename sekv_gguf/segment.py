@@ -155,6 +155,14 @@ class SentenceEnds:
         return out
 
 
+def span_ends(config: SekvConfig, piece: Callable[[int], bytes], tokens: list[int]) -> np.ndarray | None:
+    """bool [n]: where spans of ``tokens`` may end under ``config.span_cuts`` (None: anywhere) — for a one-off
+    segmentation of a whole token list (capture, studies); a policy keeps its own record as it decodes."""
+    if config.span_cuts != "sentence":
+        return None
+    return SentenceEnds(piece)(tokens) > 0.5
+
+
 class SentenceSegmenter:
     """Spans = sentences: the signal handed to ``cut`` is 1 at a sentence's last token (``.!?`` or a line break)
     and 0 elsewhere. A sentence longer than ``span_max`` is split; no anchors. (The SentenceKV-like baseline.)"""

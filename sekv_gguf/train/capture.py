@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import BudgetConfig, ContextConfig, SekvConfig, round_cells
-from ..segment import Segmenter
+from ..segment import Segmenter, span_ends
 from ..session import Session
 from ..spans import sketches, weighted_mean
 
@@ -66,7 +66,9 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
         s.hook.enable_query_capture()
         surp, _ = s.decode_scored(tokens[:n_pre], None)
         n_sink = budget.n_sink
-        seg = Segmenter(sekv, int(sekv.anchor_share * n)).cut(surp[n_sink:n_pre - cap.window], final=True)
+        seg = Segmenter(sekv, int(sekv.anchor_share * n)).cut(
+            surp[n_sink:n_pre - cap.window], final=True,
+            ends=span_ends(sekv, s.piece, tokens[n_sink:n_pre - cap.window]))
         spans = [n_sink + g for g in seg.spans]
         lengths = np.array([g.size for g in spans], dtype=np.float64)
         in_span = np.full(n, -1, dtype=np.int64)
