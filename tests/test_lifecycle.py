@@ -181,22 +181,29 @@ def test_a_turn_is_decoded_once_with_one_logits_row(llama_model, gemma_model, wh
     assert cost["refresh"][1] == 2 and cost["prompt"][1] == len(turn) + 1
 
 
+def _refuse_layer_callback(policy, monkeypatch) -> list:
+    """Make the policy's hook refuse the layer callback as a cache outside host memory does; the list of the
+    refused requests."""
+    from sekv_gguf.errors import UnsupportedModelError
+
+    refused = []
+
+    def unsupported(fn):
+        refused.append(fn)
+        raise UnsupportedModelError("sekv_layer_cb_set", -2, "the cache of layer 0 is not in host memory")
+
+    monkeypatch.setattr(policy.session.hook, "layer_callback", unsupported)
+    return refused
+
+
 def test_a_turn_falls_back_to_two_passes_where_the_layer_callback_is_unsupported(llama_model, monkeypatch):
     """Where the hook refuses the layer callback (a cache outside host memory: UnsupportedModelError before any
     decode), the turn takes the two-pass path, counted once, and later turns go there directly."""
-    from sekv_gguf.errors import UnsupportedModelError
-
     doc, turn = _tokens(llama_model, 1400, 300), _tokens(llama_model, 21, 7000)[1:]
     policy = make_policy("sekv", llama_model, 2000, budget=BUDGET)
     try:
         policy.append(doc)
-        refused = []
-
-        def unsupported(fn):
-            refused.append(fn)
-            raise UnsupportedModelError("sekv_layer_cb_set", -2, "the cache of layer 0 is not in host memory")
-
-        monkeypatch.setattr(policy.session.hook, "layer_callback", unsupported)
+        refused = _refuse_layer_callback(policy, monkeypatch)
         s = policy.session
         tokens, routes = s.decoded_tokens, policy.counters["prompt_routes"]
         logits = policy.append(turn)
@@ -213,20 +220,12 @@ def test_a_turn_falls_back_to_two_passes_where_the_layer_callback_is_unsupported
 def test_a_step_routes_after_its_decode_where_the_layer_callback_is_unsupported(llama_model, monkeypatch):
     """``step_routing="layer"`` with the callback refused: the routing step is decoded once and routed after it
     (the lagged routing), and the callback is not asked again."""
-    from sekv_gguf.errors import UnsupportedModelError
-
     doc = _tokens(llama_model, 1400, 300)
     policy = make_policy("sekv", llama_model, 2000, budget=BUDGET,
                          params=SekvConfig(step_routing="layer", route_every=2))
     try:
         logits = policy.append(doc)
-        refused = []
-
-        def unsupported(fn):
-            refused.append(fn)
-            raise UnsupportedModelError("sekv_layer_cb_set", -2, "the cache of layer 0 is not in host memory")
-
-        monkeypatch.setattr(policy.session.hook, "layer_callback", unsupported)
+        refused = _refuse_layer_callback(policy, monkeypatch)
         s = policy.session
         tokens, routes = s.decoded_tokens, policy.counters["step_routes"]
         _greedy(policy, logits, 4)
