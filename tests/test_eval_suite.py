@@ -38,6 +38,30 @@ def test_teacher_forced_full_against_itself_is_exact(llama_model):
     assert fid.n_steps == 6 and fid.kl_mean < 1e-9 and fid.top1_agreement == 1.0
 
 
+def test_fidelity_runs_are_sized_for_what_they_hold(llama_model, monkeypatch):
+    """A fidelity run holds half the document and the forced tokens; its policies are sized for that (a context of
+    the whole document made SnapKV reserve the unseen half for generation and fall back to a window, so its KL was
+    StreamingLLM's to the digit), with the budget a share of the document in cells. ``samples=0``: fidelity only."""
+    import sekv_gguf.eval.suite as suite
+
+    seen, real = [], suite.make_policy
+
+    def spy(name, model, n_context, ctx_config, budget, *args, **kwargs):
+        seen.append((name, n_context, budget.kv_budget))
+        return real(name, model, n_context, ctx_config, budget, *args, **kwargs)
+
+    monkeypatch.setattr(suite, "make_policy", spy)
+    cfg = EvalConfig(policies=("full", "snapkv", "streaming"), budgets=(0.25,), tasks=("niah_number",),
+                     lengths=(1024,), haystacks=("prose",), samples=0, fidelity_docs=1, fidelity_steps=8)
+    result = run_suite(llama_model, cfg, progress=False)
+    assert result["cases"] == [] and len(result["fidelity"]) == 2
+    assert seen == [("full", 520, 1.0), ("snapkv", 520, 256), ("streaming", 520, 256)]
+    kls = {r["policy"]: r["kl_mean"] for r in result["fidelity"]}
+    assert kls["snapkv"] != kls["streaming"]  # SnapKV's selection ran
+    with pytest.raises(ValueError, match="nothing to run"):
+        EvalConfig(samples=0, fidelity_docs=0)
+
+
 def test_suite_runs_every_policy_and_writes_json_and_plot(llama_model, tmp_path):
     cfg = EvalConfig(policies=("full", "streaming", "h2o", "snapkv", "quest", "sekv"), budgets=(0.5,),
                      tasks=("niah_number", "arithmetic"), lengths=(1024,), haystacks=("prose",), n_predict=4,

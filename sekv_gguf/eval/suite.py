@@ -27,10 +27,12 @@ class EvalConfig:
 
     policies / tasks: names from ``POLICIES`` / ``TASKS``. budgets: device budgets as fractions of prompt +
     generation (``full`` ignores them). lengths: prompt lengths in tokens. samples: seeds per (task, haystack,
-    length). haystacks: "prose" (natural text) and/or "filler" (RULER's repeated sentences). n_predict: greedy
+    length; 0: fidelity only). haystacks: "prose" (natural text) and/or "filler" (RULER's repeated sentences). n_predict: greedy
     tokens generated per case. fidelity_docs / fidelity_steps: natural-text documents per length and teacher-forced
-    tokens per document (0 docs: no fidelity). seed: first task seed. depths: pinned needle depths, sample s at
-    ``depths[s % len(depths)]`` (empty: each seed draws its own; single-needle tasks only).
+    tokens per document (0 docs: no fidelity); a fidelity run's budget is that share of the document, in cells,
+    for a context of what it holds (half the document + the forced tokens). seed: first task seed. depths: pinned
+    needle depths, sample s at ``depths[s % len(depths)]`` (empty: each seed draws its own; single-needle tasks
+    only).
     """
 
     policies: tuple[str, ...] = DEFAULT_POLICIES
@@ -60,8 +62,10 @@ class EvalConfig:
             raise ValueError(f"budgets are fractions of the context in (0, 1], got {list(self.budgets)}")
         if any(n < 256 for n in self.lengths):
             raise ValueError(f"lengths must be >= 256 tokens, got {list(self.lengths)}")
-        if self.samples < 1 or self.n_predict < 1 or self.fidelity_docs < 0 or self.fidelity_steps < 1:
-            raise ValueError("samples, n_predict and fidelity_steps must be >= 1, fidelity_docs >= 0")
+        if self.samples < 0 or self.n_predict < 1 or self.fidelity_docs < 0 or self.fidelity_steps < 1:
+            raise ValueError("n_predict and fidelity_steps must be >= 1, samples and fidelity_docs >= 0")
+        if self.samples == 0 and self.fidelity_docs == 0:
+            raise ValueError("nothing to run: samples 0 (fidelity only) needs fidelity_docs >= 1")
         bad_h = [h for h in self.haystacks if h not in ("prose", "filler")]
         if bad_h or not self.haystacks:
             raise ValueError(f"haystacks are 'prose' and/or 'filler', got {list(self.haystacks)}")
@@ -102,7 +106,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
     cases: list[dict[str, Any]] = []
     fidelity: list[dict[str, Any]] = []
 
-    def make(name: str, budget: float | None, n_context: int):
+    def make(name: str, budget: float | int | None, n_context: int):
         params = SekvConfig(**cfg.sekv) if name == "sekv" else None
         return make_policy(name, model, n_context, ctx_config, BudgetConfig(kv_budget=budget or 1.0), params,
                            router=router if name == "sekv" else None)
@@ -163,7 +167,11 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
         for doc in range(cfg.fidelity_docs):
             offset = (len(prose) // 3 + doc * cfg.fidelity_stride) % len(prose)
             tokens = tokenize((prose[offset:] + prose[:offset]) * (1 + 8 * length // max(len(prose), 1)))[:length]
-            full = make("full", None, length)
+            # sized for what a run holds (half the document + the forced steps): a context sized for the whole
+            # document made prompt-end selectors reserve its unseen half for generation and fall back to a window;
+            # the budget stays a share of the document, in cells
+            held = min(len(tokens), len(tokens) // 2 + cfg.fidelity_steps)
+            full = make("full", None, held)
             try:
                 reference = np.stack(list(forced_logits(full, tokens, cfg.fidelity_steps)))  # [steps, n_vocab]
             finally:
@@ -174,7 +182,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                     continue
                 row = {"length": length, "doc": doc, "policy": label(name), "budget": budget}
                 try:
-                    policy = make(name, budget, length)
+                    policy = make(name, int(np.ceil(budget * length)), held)
                     try:
                         fid = teacher_forced(reference, policy, tokens)
                     finally:
