@@ -57,9 +57,15 @@ def build_case(model, task: str, n_tokens: int, depth: float, seed: int) -> tupl
     tok = lambda s: model.tokenize(s.encode(), add_bos=True, special=False)  # noqa: E731
     case = make_case(task, lambda text: len(tok(text)), n_tokens, seed, "prose", depth)
     value = case.answers[0]
-    end = case.prompt.index(f"is: {value}.") + len(f"is: {value}.")
-    start = case.prompt.rindex("One of the special magic", 0, end)
-    return tok(case.prompt), value, (len(tok(case.prompt[:start])) - 1, len(tok(case.prompt[:end])) + 1)
+    return tok(case.prompt), value, needle_tokens(model, case.prompt, value)
+
+
+def needle_tokens(model, prompt: str, value: str) -> tuple[int, int]:
+    """Token range (one token of margin each side) of the RULER needle sentence that holds ``value``."""
+    tok = lambda s: model.tokenize(s.encode(), add_bos=True, special=False)  # noqa: E731
+    end = prompt.index(f"is: {value}.") + len(f"is: {value}.")
+    start = prompt.rindex("One of the special magic", 0, end)
+    return len(tok(prompt[:start])) - 1, len(tok(prompt[:end])) + 1
 
 
 def trace(model, tokens: list[int], value: str, needle: tuple[int, int], name: str, budget: float | None,

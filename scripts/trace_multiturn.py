@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from long_needle import needle_tokens  # this directory: run as a script
 from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
@@ -24,17 +25,6 @@ from sekv_gguf.ruler_tasks import make_case
 from sekv_gguf.session import load_model
 
 N_TOP = 5  # first-answer-token candidates reported
-
-
-def needles(model, prompt: str, values: list[str]) -> list[tuple[int, int]]:
-    """Token range of each needle sentence (one per value) in the prompt's tokens."""
-    tok = lambda s: model.tokenize(s.encode(), add_bos=True, special=False)  # noqa: E731
-    out = []
-    for value in values:
-        end = prompt.index(f"is: {value}.") + len(f"is: {value}.")
-        start = prompt.rindex("One of the special magic", 0, end)
-        out.append((len(tok(prompt[:start])) - 1, len(tok(prompt[:end])) + 1))
-    return out
 
 
 def top(policy, logits: np.ndarray) -> list[tuple[str, float]]:
@@ -125,7 +115,7 @@ def main() -> int:
         doc = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
         turns = [(model.tokenize(t["text"].encode(), add_bos=False, special=False), t["answer"])
                  for t in case.meta["turns"]]
-        spans_of = needles(model, case.prompt, list(case.answers))
+        spans_of = [needle_tokens(model, case.prompt, v) for v in case.answers]
         runs = [] if args.no_full else [("full", None, None, "")]
         runs += [("sekv", args.budget, params, m) for m in ([""] + (["force", "isolate"] if args.force else []))]
         for name, budget, p, mode in runs:

@@ -209,20 +209,19 @@ class SekvPolicy(Policy):
         return logits
 
     def _step(self, token: int) -> np.ndarray:
-        due = bool(len(self.store)) and (self.steps + 1) % self.config.route_every == 0
-        if due and self.config.step_routing == "layer" and self._layer_callback:
+        self.steps += 1  # this step's number (what a routing in or after its decode records)
+        due = self.steps % self.config.route_every == 0
+        if due and len(self.store) and self.config.step_routing == "layer" and self._layer_callback:
             self.irreversible()
-            self.steps += 1  # the routing's step, as the lagged routing below sees it
             logits = self._routed_in_layers([token], scored=False, fill=0.0, prompt=False)
             if logits is not None:
                 self.counters["layer_routed_steps"] += 1
                 self._maintain(1)
                 return logits
-            self.steps -= 1  # the callback was refused: route after the decode instead
+            # the callback was refused before the decode: route after it instead
         logits = self._decode([token], scored=False)
-        self.steps += 1
         self._maintain(1)
-        if len(self.store) and self.steps % self.config.route_every == 0:
+        if due and len(self.store):
             self.irreversible()
             t0 = time.perf_counter()
             self.route()
