@@ -24,7 +24,8 @@ import numpy as np
 from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.documents import stdlib_prose
-from sekv_gguf.engine import full_kv_bytes, make_policy
+from sekv_gguf.engine import make_policy
+from sekv_gguf.session import full_kv_bytes
 from sekv_gguf.models import default_model_path
 from sekv_gguf.provenance import commit, machine
 from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, make_case

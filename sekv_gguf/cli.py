@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "sekv-<score>")
     ev.add_argument("--sekv", action="append", metavar="KEY=VALUE",
                     help="a SekvConfig override for the sekv runs (repeatable; runs are named sekv-KEY=VALUE)")
+    ev.add_argument("--sekv-variant", action="append", metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="one more sekv run per budget with these overrides on top of --sekv (repeatable; e.g. "
+                         "router=mass runs as sekv-mass); exact prefills of a prompt share one full-attention pass")
     ev.add_argument("--verify-candidates", type=int, default=SekvConfig.verify_candidates,
                     help="spans the trained router proposes per layer for exact-mass ordering (default "
                          f"{SekvConfig.verify_candidates}; 0: the trained score alone, reported as sekv-trained-only)")
@@ -359,7 +362,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                      lengths=tuple(args.lengths), samples=args.samples, haystacks=tuple(args.haystacks),
                      n_predict=args.n_predict, fidelity_docs=args.fidelity_docs, fidelity_steps=args.fidelity_steps,
                      seed=args.seed, depths=tuple(args.depths), adapter=args.adapter,
-                     sekv=({"router": args.router} if args.router else {}) | sekv_overrides(args.sekv or []))
+                     sekv=({"router": args.router} if args.router else {}) | sekv_overrides(args.sekv or []),
+                     sekv_variants=tuple(sekv_overrides(v.split(",")) for v in args.sekv_variant or []))
     path = _model_path(args.model)
     ctx_config = ContextConfig(verbose=args.verbose, n_threads=args.threads, **_device_config(args))
     router = TrainedRouter.from_file(args.adapter, path, args.verify_candidates) if args.adapter else None

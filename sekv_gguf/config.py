@@ -21,6 +21,7 @@ TRAINING_FREE_SCORES = ("index", "mass", "summary", "centroid", "bound")
 # how span rows are kept in the host tier where factors would not be smaller (``SekvConfig.host_format``)
 HOST_FORMATS = ("f16", "q8")
 
+MIB = 1 << 20  # bytes in a MiB (exact_prefill_mib)
 CELL_GRANULARITY = 256  # llama.cpp allocates KV cells in multiples of this
 
 
@@ -198,7 +199,12 @@ class SekvConfig:
         as the prefill that wrote them made; decode-step routing keeps its bounded reads.
     block_tokens: tokens per block of the routing index (one mean key per block, span, layer and KV head).
     prefill: "streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size
-        context, then compression), or "auto" (streaming; a prompt that fits the budget is full KV anyway).
+        context, then compression), or "auto": exact when the prompt's full KV fits ``exact_prefill_mib``,
+        streaming above it (a prompt that fits the budget is full KV anyway). Streamed, every row past the first
+        layer comes from attention over the compressed past; over ~28K tokens that approximation compounds and a
+        needle found and zoomed was still not read back (docs/results.md), where the exact prefill holds it.
+    exact_prefill_mib: with ``prefill="auto"``, the most MiB of full KV (the prompt's, the transient context an
+        exact prefill allocates and frees) for which the prefill is exact; 0: always streaming.
     route_every: decode steps between routings (1: every step); zoomed spans stay resident between.
     max_new_zooms: most spans rebuilt per layer per decode step (the first routing after prefill has no limit);
         bounds the host->device traffic of a step, the zoom cache keeps what is already resident.
@@ -239,6 +245,7 @@ class SekvConfig:
     r_max: int = 64
     host_format: str = "q8"
     prefill: str = "auto"
+    exact_prefill_mib: float = 1024.0
     router: str = "index"
     verify_candidates: int = 16
     prompt_scan: bool = True
@@ -290,3 +297,5 @@ class SekvConfig:
             raise ValueError(f"router must be one of {', '.join(TRAINING_FREE_SCORES)}, got {self.router!r}")
         if self.prefill not in ("auto", "streaming", "exact"):
             raise ValueError(f"prefill must be auto, streaming or exact, got {self.prefill!r}")
+        if not self.exact_prefill_mib >= 0:
+            raise ValueError(f"exact_prefill_mib must be >= 0, got {self.exact_prefill_mib}")

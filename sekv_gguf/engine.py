@@ -10,9 +10,9 @@ from typing import Any, Callable
 import llama_cpp
 import numpy as np
 
-from .config import BudgetConfig, ContextConfig, round_cells
+from .config import BudgetConfig, ContextConfig
 from .policies import POLICIES, Policy
-from .session import Session
+from .session import Session, full_kv_bytes
 
 
 @dataclass
@@ -49,17 +49,6 @@ class RunResult:
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
-
-
-def full_kv_bytes(session: Session, n_tokens: int, n_ubatch: int) -> int:
-    """Bytes llama.cpp would allocate for full KV of ``n_tokens`` (``swa_full=False``), from the hook's row sizes."""
-    info = session.hook.info
-    cells = round_cells(n_tokens)
-    total = info.bytes_per_cell * cells
-    if info.is_iswa and info.swa_kv_size:
-        swa_cells = round_cells(info.n_swa + n_ubatch)  # sized by its window (patches/0003), not capped by the base
-        total += info.swa_kv_bytes // info.swa_kv_size * swa_cells
-    return int(total)
 
 
 def make_policy(name: str, model: Any, n_context: int, ctx_config: ContextConfig | None = None,

@@ -16,7 +16,7 @@ import llama_cpp
 import llama_cpp._internals as _internals
 import llama_cpp._logger as _llama_logger
 
-from .config import KV_TYPES, ContextConfig
+from .config import KV_TYPES, ContextConfig, round_cells
 from . import _threadpool, interrupt, model_params
 from .errors import ModelError, SekvError
 from . import native
@@ -257,3 +257,13 @@ class Session:
             prev = row.copy()
         return surp, prev
 
+
+def full_kv_bytes(session: Session, n_tokens: int, n_ubatch: int) -> int:
+    """Bytes llama.cpp would allocate for full KV of ``n_tokens`` (``swa_full=False``), from the hook's row sizes."""
+    info = session.hook.info
+    cells = round_cells(n_tokens)
+    total = info.bytes_per_cell * cells
+    if info.is_iswa and info.swa_kv_size:
+        swa_cells = round_cells(info.n_swa + n_ubatch)  # sized by its window (patches/0003), not capped by the base
+        total += info.swa_kv_bytes // info.swa_kv_size * swa_cells
+    return int(total)

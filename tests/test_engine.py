@@ -107,7 +107,11 @@ def test_a_step_routed_inside_its_decode_equals_full(llama_model, gemma_model, w
     finally:
         policy.close()
     if routing == "layer":
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+        # Gemma: 2e-5 of the largest logit apart on an AMD EPYC build (1e-5 held on the machine it was written on):
+        # the one-token decode's kernels sum the rebuilt cells in another order; a step that misses spans is
+        # 1e-3 apart (the lagged case below)
+        tol = 1e-5 if which == "llama" else 5e-5
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
     else:
         assert np.abs(got - want).max() > 1e-3 * np.abs(want).max()
 

@@ -85,6 +85,17 @@ def test_suite_runs_every_policy_and_writes_json_and_plot(llama_model, tmp_path)
     doc2 = json.loads(write(more, tmp_path, "t", "tiny", merge_into=True).read_text())
     assert len(doc2["cases"]) == 2 * 7 and "chunkkv@0.5" in doc2["summary"]["accuracy"]
     assert doc2["params"]["policies"][-1] == "chunkkv" and len(doc2["fidelity"]) == 5
+    # more seeds of a policy added: the rows of a case run again are replaced, the others kept
+    seeds = run_suite(llama_model, EvalConfig(policies=("chunkkv",), budgets=(0.5,), tasks=("niah_number", "arithmetic"),
+                                              lengths=(1024,), haystacks=("prose",), n_predict=4, fidelity_docs=0,
+                                              seed=0, samples=2), progress=False)
+    doc3 = json.loads(write(seeds, tmp_path, "t", "tiny", merge_into=True).read_text())
+    assert len(doc3["cases"]) == 2 * 7 + 2 and doc3["params"]["samples"] == 2 and doc3["params"]["seed"] == 0
+    assert sorted(c["seed"] for c in doc3["cases"] if c["policy"] == "chunkkv") == [0, 0, 1, 1]
+    with pytest.raises(ValueError, match="cannot merge: lengths differ"):
+        write(run_suite(llama_model, EvalConfig(policies=("streaming",), budgets=(0.5,), tasks=("niah_number",
+              "arithmetic"), lengths=(512,), haystacks=("prose",), n_predict=2, fidelity_docs=0), progress=False),
+              tmp_path, "t", "tiny", merge_into=True)
     # sekv with another training-free score is reported beside the default
     other = run_suite(llama_model, EvalConfig(policies=("sekv",), budgets=(0.5,), tasks=("niah_number",),
                                               lengths=(1024,), haystacks=("prose",), n_predict=2, fidelity_docs=0,

@@ -329,7 +329,8 @@ def test_quantile_anchors_are_among_the_most_surprising_seen(llama_model):
     its cut, so nearly all anchors (>= 90%) are in the top 4 * cap / n_context of the whole signal, and the memory's
     anchors reach past its first half."""
     toks = _tokens(llama_model, 1900, 1100)
-    policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=SekvConfig(spread_anchors="quantile"))
+    policy = make_policy("sekv", llama_model, 2000, budget=BUDGET,
+                         params=SekvConfig(spread_anchors="quantile", prefill="streaming"))
     try:
         policy.append(toks)
         anchors, signal = np.sort(policy.anchors), policy.signal_log
@@ -348,7 +349,7 @@ def test_spread_anchors_keep_a_streamed_memory_s_anchors_in_proportion_to_its_le
     toks = _tokens(llama_model, 1900, 1100)
     last = {}
     for spread in (True, False):
-        params = SekvConfig(spread_anchors="share" if spread else "none")
+        params = SekvConfig(spread_anchors="share" if spread else "none", prefill="streaming")
         policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=params)
         try:
             policy.append(toks)

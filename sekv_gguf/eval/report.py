@@ -10,20 +10,30 @@ from typing import Any
 from ..provenance import commit, machine
 
 
+def _case_key(c: dict[str, Any]) -> tuple[Any, ...]:
+    """What a case row is a run of: the policy and budget on one task prompt (task, haystack, length, seed)."""
+    return (c["policy"], c["budget"], c["task"], c["haystack"], c["length"], c["seed"])
+
+
 def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """``new`` runs added to an earlier result of the same tasks and lengths (other policies or budgets); a
-    (policy, budget) pair run again replaces the earlier runs of that pair."""
+    """``new`` runs added to an earlier result of the same tasks, lengths and depths (other policies, budgets or
+    seeds); a case run again (same policy, budget and prompt) replaces its earlier run, a (policy, budget) pair's
+    fidelity run again replaces the earlier one."""
     from .suite import summarize
 
-    for key in ("tasks", "lengths", "haystacks", "samples", "seed"):
-        if json.loads(json.dumps(old["params"][key])) != json.loads(json.dumps(new["params"][key])):
-            raise ValueError(f"cannot merge: {key} differ ({old['params'][key]} vs {new['params'][key]})")
-    ran = {(c["policy"], c["budget"]) for c in new["cases"]}
-    cases = [c for c in old["cases"] if (c["policy"], c["budget"]) not in ran] + new["cases"]
-    fidelity = [f for f in old["fidelity"] if (f["policy"], f["budget"]) not in ran] + new["fidelity"]
+    for key in ("tasks", "lengths", "haystacks", "depths"):
+        if json.loads(json.dumps(old["params"].get(key))) != json.loads(json.dumps(new["params"].get(key))):
+            raise ValueError(f"cannot merge: {key} differ ({old['params'].get(key)} vs {new['params'].get(key)})")
+    ran = {_case_key(c) for c in new["cases"]}
+    cases = [c for c in old["cases"] if _case_key(c) not in ran] + new["cases"]
+    ran_fid = {(f["policy"], f["budget"]) for f in new["fidelity"]}
+    fidelity = [f for f in old["fidelity"] if (f["policy"], f["budget"]) not in ran_fid] + new["fidelity"]
     params = dict(old["params"])
     params["policies"] = list(dict.fromkeys(list(old["params"]["policies"]) + list(new["params"]["policies"])))
     params["budgets"] = sorted(set(old["params"]["budgets"]) | set(new["params"]["budgets"]))
+    seeds = sorted({c["seed"] for c in cases})
+    if seeds:  # the seeds now covered (each run's own seed/samples are in its commit's command)
+        params["seed"], params["samples"] = seeds[0], len(seeds)
     commits = old.get("commits", [old.get("commit")])
     return {"params": params, "cases": cases, "fidelity": fidelity, "summary": summarize(cases, fidelity),
             "commits": commits}

@@ -15,6 +15,7 @@ from ..documents import stdlib_prose
 from ..engine import generate, make_policy
 from ..errors import SekvError
 from ..policies import POLICIES
+from ..policies.prefill import ExactPasses
 from .fidelity import forced_logits, teacher_forced
 from .tasks import PINNED_DEPTH_TASKS, TASKS, make_case, score
 
@@ -47,6 +48,8 @@ class EvalConfig:
     seed: int = 0
     depths: tuple[float, ...] = ()
     sekv: dict[str, Any] = field(default_factory=dict)  # SekvConfig overrides
+    sekv_variants: tuple[dict[str, Any], ...] = ()  # more sekv runs, each with these overrides on top of ``sekv``
+    # (named by them, e.g. sekv-mass); exact prefills of one prompt share one full-attention pass (ExactPasses)
     adapter: str | None = None  # trained router adapter for sekv (its runs are named "sekv-trained")
     fidelity_stride: int = 7919 * 13  # characters between the fidelity documents' starts in the prose (a prime
     # multiple, so that documents of one run start at unrelated places)
@@ -75,12 +78,22 @@ class EvalConfig:
         if unpinned:
             raise ValueError(f"task {unpinned[0]!r} has no single needle depth to pin; tasks that do: "
                              f"{', '.join(PINNED_DEPTH_TASKS)}")
-        SekvConfig(**self.sekv)  # validates the overrides
+        for variant in ({}, *self.sekv_variants):
+            SekvConfig(**(self.sekv | variant))  # validates the overrides
+        if self.sekv_variants and self.adapter:
+            raise ValueError("sekv_variants are training-free runs: leave out the adapter")
+        if self.sekv_variants and "sekv" not in self.policies:
+            raise ValueError("sekv_variants are runs of the sekv policy: add sekv to the policies")
 
 
-def _runs(cfg: EvalConfig) -> list[tuple[str, float | None]]:
-    """(policy, budget) pairs: full once, every other policy at every budget."""
-    return [(p, None) if p == "full" else (p, b) for p in cfg.policies for b in ([None] if p == "full" else cfg.budgets)]
+def _runs(cfg: EvalConfig) -> list[tuple[str, float | None, dict[str, Any]]]:
+    """(policy, budget, sekv overrides) triples: full once, every other policy at every budget, sekv once per
+    variant (its overrides: ``sekv`` and the variant's; empty for the other policies)."""
+    out = []
+    for p in cfg.policies:
+        variants = [cfg.sekv | v for v in ({}, *cfg.sekv_variants)] if p == "sekv" else [{}]
+        out += [(p, b, v) for v in variants for b in ([None] if p == "full" else cfg.budgets)]
+    return out
 
 
 def check_lengths(model: Any, cfg: EvalConfig) -> None:
@@ -106,19 +119,25 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
     cases: list[dict[str, Any]] = []
     fidelity: list[dict[str, Any]] = []
 
-    def make(name: str, budget: float | int | None, n_context: int):
-        params = SekvConfig(**cfg.sekv) if name == "sekv" else None
-        return make_policy(name, model, n_context, ctx_config, BudgetConfig(kv_budget=budget or 1.0), params,
-                           router=router if name == "sekv" else None)
+    passes = ExactPasses()  # one full-attention pass per prompt for every exact sekv prefill of it
 
-    def label(name: str) -> str:
+    def make(name: str, budget: float | int | None, n_context: int, overrides: dict[str, Any] | None = None):
+        policy = make_policy(name, model, n_context, ctx_config, BudgetConfig(kv_budget=budget or 1.0),
+                             SekvConfig(**(overrides or {})) if name == "sekv" else None,
+                             router=router if name == "sekv" else None)
+        if name == "sekv":
+            policy.exact_passes = passes
+        return policy
+
+    def label(name: str, overrides: dict[str, Any] | None = None) -> str:
         if name != "sekv":
             return name
         if router is not None:
             only = getattr(router, "candidates", None) == 0  # a trained score without exact-mass verification
             return f"sekv-{router.name}" + ("-only" if only else "")
-        score = cfg.sekv.get("router", SekvConfig.router)
-        parts = ([score] if score != SekvConfig.router else []) + [f"{k}={v}" for k, v in cfg.sekv.items()
+        overrides = overrides or {}
+        score = overrides.get("router", SekvConfig.router)
+        parts = ([score] if score != SekvConfig.router else []) + [f"{k}={v}" for k, v in overrides.items()
                                                                     if k != "router"]
         return "-".join([name, *parts])
 
@@ -131,25 +150,30 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                     tokens = tokenize(case.prompt)
                     # answers such as uuids or four 7-digit numbers need more tokens than the default
                     n_predict = max(cfg.n_predict, int(case.meta.get("max_new_tokens", 0)))
-                    for name, budget in runs:
+                    for name, budget, overrides in runs:
                         row = {"task": task, "haystack": hay, "length": length, "seed": case.seed,
-                               "prompt_tokens": len(tokens), "depth": None if np.isnan(case.depth) else case.depth, "answers": list(case.answers),
-                               "metric": case.metric, "policy": label(name), "budget": budget}
+                               "prompt_tokens": len(tokens), "depth": None if np.isnan(case.depth) else case.depth,
+                               "answers": list(case.answers), "metric": case.metric,
+                               "policy": label(name, overrides), "budget": budget}
                         try:
                             if case.meta.get("turns"):
-                                row.update(_converse(lambda n: make(name, budget, n), model, case, tokens,
-                                                     cfg.n_predict))
+                                row.update(_converse(lambda n: make(name, budget, n, overrides), model, case,
+                                                     tokens, cfg.n_predict))
                                 cases.append(row)
                                 bar.update(1)
                                 if log:
-                                    log(f"{task:>18} {hay:>6} {length:>6} {name:>9} {budget or '':>4} "
+                                    log(f"{task:>18} {hay:>6} {length:>6} {row['policy']:>9} {budget or '':>4} "
                                         f"score {row['score']} {row['output']!r:.60}")
                                 continue
-                            policy = make(name, budget, len(tokens) + n_predict)
+                            policy = make(name, budget, len(tokens) + n_predict, overrides)
+                            reused = passes.reused
                             try:
                                 r = generate(policy, tokens, n_predict)
                             finally:
                                 policy.close()
+                            # a prefill that compressed another run's full-attention pass: its prefill_s is not
+                            # what the prefill costs alone
+                            row["shared_prefill"] = passes.reused > reused
                             # a task may end its answer at a stop string (arithmetic: the first line)
                             answer = r.text.split(case.meta["stop"])[0] if case.meta.get("stop") else r.text
                             row.update({"output": r.text, "score": score(case, answer),
@@ -160,9 +184,10 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                             row.update({"output": None, "score": None, "error": str(e)})
                         cases.append(row)
                         if log:
-                            log(f"{task:>18} {hay:>6} {length:>6} {name:>9} {budget or '':>4} "
+                            log(f"{task:>18} {hay:>6} {length:>6} {row['policy']:>9} {budget or '':>4} "
                                 f"score {row['score']} {str(row['output'])[:40]!r}")
                         bar.update(1)
+                    passes.close()
         prose = stdlib_prose()
         for doc in range(cfg.fidelity_docs):
             offset = (len(prose) // 3 + doc * cfg.fidelity_stride) % len(prose)
@@ -177,12 +202,12 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
             finally:
                 full.close()
             bar.update(1)
-            for name, budget in runs:
+            for name, budget, overrides in runs:
                 if name == "full":
                     continue
-                row = {"length": length, "doc": doc, "policy": label(name), "budget": budget}
+                row = {"length": length, "doc": doc, "policy": label(name, overrides), "budget": budget}
                 try:
-                    policy = make(name, int(np.ceil(budget * length)), held)
+                    policy = make(name, int(np.ceil(budget * length)), held, overrides)
                     try:
                         fid = teacher_forced(reference, policy, tokens)
                     finally:
@@ -193,8 +218,9 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                 fidelity.append(row)
                 bar.update(1)
     bar.close()
+    passes.close()
     params = asdict(cfg)
-    params["policies"] = [label(p) for p in cfg.policies]
+    params["policies"] = list(dict.fromkeys(label(p, v) for p, _, v in runs))
     return {"params": params, "cases": cases, "fidelity": fidelity, "summary": summarize(cases, fidelity)}
 
 

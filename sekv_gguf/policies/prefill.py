@@ -4,51 +4,124 @@ and the window copied over, spans into the store) and the refresh of the prompt'
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import llama_cpp
 import numpy as np
 
 from ..config import round_cells
-from ..session import Session
+from ..session import Session, full_kv_bytes
 from ..transfer import copy_tokens
+
+
+@dataclass
+class ExactPass:
+    """A prompt decoded with full attention in a temporary full-size context: what an exact prefill segments and
+    compresses. Read only after it is made (compressions into several budgets may share it: ``ExactPasses``)."""
+
+    key: tuple[Any, ...]      # (tokens, context cells, batch, context config): what it was made for
+    session: Session          # the full-size context, every prompt token resident
+    surprisal: np.ndarray     # f32 [n_tokens]
+    last_logits: np.ndarray   # f32 [n_vocab] the next token's logits
+    queries: list[np.ndarray]  # per hooked layer [n_head, head_dim]: the last token's captured query
+    closed: bool = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.session.close()
+            self.closed = True
+
+
+def exact_pass(model: Any, ctx_config: Any, chunk: int, tokens: list[int],
+               on_chunk: Callable[[int], None] | None = None) -> ExactPass:
+    """Decode ``tokens`` in a full-size context (``chunk`` tokens per decode), scoring every token's surprisal;
+    ``on_chunk(n_done)`` after each chunk."""
+    cells = round_cells(len(tokens))
+    full = Session(model, ctx_config.sized(cells, chunk))
+    try:
+        full.hook.enable_query_capture()
+        surp = np.zeros(len(tokens), dtype=np.float32)  # [n_tokens]
+        prev = None
+        for c0 in range(0, len(tokens), full.n_batch):
+            part = tokens[c0:c0 + full.n_batch]
+            surp[c0:c0 + len(part)], prev = full.decode_scored(part, prev)
+            if on_chunk is not None:
+                on_chunk(c0 + len(part))
+        queries = [np.array(full.hook.query(ikv)) for ikv in range(full.hook.info.n_layer_kv)]
+    except BaseException:
+        full.close()
+        raise
+    return ExactPass(_key(tokens, chunk, ctx_config), full, surp, prev, queries)
+
+
+def _key(tokens: list[int], chunk: int, ctx_config: Any) -> tuple[Any, ...]:
+    return (tuple(tokens), round_cells(len(tokens)), chunk, ctx_config)
+
+
+class ExactPasses:
+    """Keeps the last prompt's ``ExactPass`` so that exact prefills of the same prompt into other budgets or with
+    other routers (an evaluation's runs) compress one full-attention pass instead of each decoding the prompt
+    again; a new prompt closes the old pass. What each policy then does is what it does alone (tested)."""
+
+    def __init__(self) -> None:
+        self.last: ExactPass | None = None
+        self.reused = 0  # passes handed out again
+
+    def get(self, model: Any, ctx_config: Any, chunk: int, tokens: list[int],
+            on_chunk: Callable[[int], None] | None = None) -> ExactPass:
+        key = _key(tokens, chunk, ctx_config)
+        if self.last is not None and self.last.key == key and self.last.session.model is model:
+            self.reused += 1
+            return self.last
+        self.close()
+        self.last = exact_pass(model, ctx_config, chunk, tokens, on_chunk)
+        return self.last
+
+    def close(self) -> None:
+        if self.last is not None:
+            self.last.close()
+            self.last = None
 
 
 def prefill_exact(policy: Any, tokens: list[int]) -> np.ndarray:
     """Prefill ``policy`` (a ``SekvPolicy``, called from its ``prefill``) with ``tokens`` exactly; the logits of the
-    next token."""
-    full = Session(policy.model, policy.ctx_config.sized(round_cells(len(tokens)), policy.plan.config.chunk))
+    next token. The full-attention pass comes from ``policy.exact_passes`` when it holds one for this prompt."""
+
+    def on_chunk(n_done: int) -> None:
+        policy.n_prefilled = n_done
+        policy.notify()
+
+    chunk, shared = policy.plan.config.chunk, policy.exact_passes
+    done = (shared.get(policy.model, policy.ctx_config, chunk, tokens, on_chunk) if shared is not None
+            else exact_pass(policy.model, policy.ctx_config, chunk, tokens, on_chunk))
     try:
-        full.hook.enable_query_capture()
-        surp = np.zeros(len(tokens), dtype=np.float32)
-        prev = None
-        for c0 in range(0, len(tokens), full.n_batch):
-            chunk = tokens[c0:c0 + full.n_batch]
-            surp[c0:c0 + len(chunk)], prev = full.decode_scored(chunk, prev)
-            policy.n_prefilled = c0 + len(chunk)
-            policy.notify()
-        policy.prev_logits = prev
+        policy.n_prefilled = len(tokens)
+        policy.transient_kv_bytes = full_kv_bytes(done.session, len(tokens), done.session.config.n_ubatch)
+        policy.prev_logits = done.last_logits.copy()
         policy.note_sentence_ends(tokens)
         policy.phase = "compress"
         policy.notify()
-        _transfer(policy, full, surp)
-        queries = [full.hook.query(ikv) for ikv in range(policy.n_layer)]
+        _transfer(policy, done.session, tokens, done.surprisal)
     finally:
-        full.close()
+        if shared is None:
+            done.close()
     if len(policy.store):
-        policy.route(queries, prompt=True)
-    logits = refresh_tail(policy, tokens)
+        policy.route(done.queries, prompt=True)
+    logits = refresh_tail(policy, tokens)  # also leaves the last token's logits in the policy's own context
     policy.phase = "decode"
     return logits
 
 
-def _transfer(policy: Any, full: Session, surp: np.ndarray) -> None:
+def _transfer(policy: Any, full: Session, tokens: list[int], surp: np.ndarray) -> None:
     """Segment the full context's tokens; copy the resident ones into the policy's context, compress the spans."""
     n = surp.size
     n_sink = min(policy.plan.config.n_sink, n)
     window_start = max(n_sink, n - _window(policy, n))
-    policy.segmenter.observe(surp[n_sink:])
-    seg = policy.segmenter.cut(surp[n_sink:window_start], final=True,
+    signal = policy.segmenter.signal(tokens, surp, policy.session.piece)  # f32 [n], kept as a streamed one is
+    policy.signal_log = np.asarray(signal, dtype=np.float32).copy()      # (a truncation rewinds it)
+    policy.segmenter.observe(signal[n_sink:])
+    seg = policy.segmenter.cut(signal[n_sink:window_start], final=True,
                                ends=policy.span_ends(np.arange(n_sink, window_start)))
     anchors = n_sink + seg.anchors
     groups = [n_sink + g for g in seg.spans]
@@ -57,11 +130,11 @@ def _transfer(policy: Any, full: Session, surp: np.ndarray) -> None:
     policy.swa_transferred = full.hook.info.is_iswa
     policy.sinks = [int(p) for p in resident[:n_sink]]
     policy.anchors = [int(p) for p in anchors]
-    policy.window.extend(np.arange(window_start, n), cells[n_sink + anchors.size:], surp[window_start:])
+    policy.window.extend(np.arange(window_start, n), cells[n_sink + anchors.size:], signal[window_start:])
     if groups:
         full_cells = full.hook.cells_of(n)
         span_cells = np.concatenate([full_cells[g] for g in groups])
-        policy.compress(groups, [surp[g] for g in groups], lambda ikv: full.hook.get_rows(ikv, span_cells))
+        policy.compress(groups, [signal[g] for g in groups], lambda ikv: full.hook.get_rows(ikv, span_cells))
 
 
 def _window(policy: Any, n: int) -> int:

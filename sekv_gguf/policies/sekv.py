@@ -23,15 +23,15 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import native
-from ..config import BudgetConfig, ContextConfig, SekvConfig
+from ..config import MIB, BudgetConfig, ContextConfig, SekvConfig
 from ..errors import BudgetError, UnsupportedModelError
 from ..router import LowRankMassRouter, Router, training_free
 from ..segment import Segmenter, SentenceEnds
-from ..session import Session
+from ..session import Session, full_kv_bytes
 from ..span_store import SpanStore, single_threaded_blas
 from .base import Policy
 from .budget import BudgetPlan
-from .prefill import chunk_starts, prefill_exact, refresh_tail
+from .prefill import ExactPasses, chunk_starts, prefill_exact, refresh_tail
 from .rollback import truncate
 from .window import Window
 from .zoom import ZoomSlots
@@ -49,12 +49,13 @@ class SekvPolicy(Policy):
     def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,
                  params: SekvConfig | None = None, router: Router | None = None,
                  observer: Callable[[Policy], None] | None = None, *, segmenter: Segmenter | None = None,
-                 summary_rows: bool = True):
+                 summary_rows: bool = True, exact_passes: ExactPasses | None = None):
         self.config = config = params or SekvConfig()
         self.router = router or training_free(config)
         self.plan = plan = BudgetPlan.of(budget or BudgetConfig(), n_context, config.zoom_share, config.anchor_share,
                                          config.compress_when_fits)
         self.summary_rows = summary_rows
+        self.exact_passes = exact_passes  # full-attention passes shared with other policies (an evaluation's)
         if not plan.fits:
             max_spans = -(-max(n_context - plan.config.n_sink - plan.window, 0) // config.span_min)
             plan.check({"sinks": plan.config.n_sink, "anchors": plan.anchor_cap,
@@ -83,6 +84,7 @@ class SekvPolicy(Policy):
         self.prev_logits: np.ndarray | None = None
         self.last_ubatch = 0  # tokens in the last streamed prompt ubatch (bounds what can be re-decoded on iSWA)
         self.swa_transferred = False  # the SWA cache came from another context (exact prefill)
+        self.transient_kv_bytes = 0  # full KV of the temporary context of the last exact prefill (0: streamed)
         self.steps = 0
         self.signal_log = np.zeros(0, dtype=np.float32)  # [n_tokens] every token's segmentation signal
         self.sentence_end = np.zeros(0, dtype=bool)      # [n_tokens] which tokens end a sentence (span_cuts)
@@ -140,7 +142,7 @@ class SekvPolicy(Policy):
         refresh the tail; an exact prefill when asked for and the memory is empty. A turn (``turn_tokens``) is
         decoded for its last logits only (no surprisal rows), routed inside that decode (``turn_routing``)."""
         cfg = self.config
-        if cfg.prefill == "exact" and not self.plan.fits and self.segmenter.scored and not self.tokens:
+        if self._exact_prefill(tokens):
             return prefill_exact(self, tokens)
         turn = bool(self.tokens) and len(tokens) <= cfg.turn_tokens
         scored = not self.plan.fits and self.segmenter.scored
@@ -162,6 +164,21 @@ class SekvPolicy(Policy):
             if cfg.zoom_lag_refresh and self.zoom.changes != changes:  # the tail saw other spans
                 logits = refresh_tail(self, tokens)
         return logits
+
+    def _exact_prefill(self, tokens: list[int]) -> bool:
+        """Whether ``tokens``, the first into this memory, are prefilled exactly (``prefill``; ``auto``: when
+        streaming them would compress some (they are more than the window may hold) and their full KV fits
+        ``exact_prefill_mib``). A prompt of sinks only is streamed: the refresh needs a window token."""
+        cfg = self.config
+        if (self.plan.fits or not self.segmenter.scored or self.tokens or cfg.prefill == "streaming"
+                or len(tokens) <= self.plan.config.n_sink):
+            return False
+        if cfg.prefill == "exact":
+            return True
+        if len(tokens) <= self.window_room(0):  # streamed, nothing would be compressed: full attention anyway
+            return False
+        full = full_kv_bytes(self.session, len(tokens), self.session.config.n_ubatch)
+        return full <= cfg.exact_prefill_mib * MIB
 
     def _chunk_done(self, n_prefilled: int, n_chunk: int) -> None:
         self.last_ubatch = n_chunk
@@ -234,7 +251,7 @@ class SekvPolicy(Policy):
         return truncate(self, n)
 
     def _shared(self) -> list[Any]:
-        return super()._shared() + self.store.shared_objects() + [self.sentence_ends]
+        return super()._shared() + self.store.shared_objects() + [self.sentence_ends, self.exact_passes]
 
     @property
     def host_bytes(self) -> int:
@@ -376,6 +393,8 @@ class SekvPolicy(Policy):
                 "router": self.router.label,
                 "router_score": self.router.name,
                 "budget_cells": self.plan.cells,
+                "prefill": "exact" if self.transient_kv_bytes else "streaming",
+                "transient_kv_bytes": self.transient_kv_bytes,
                 "window": self.plan.window,
                 "window_tokens": len(self.window),
                 "zoom_slots": int(self.zoom.slots.size),

@@ -16,7 +16,8 @@ import numpy as np
 
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..documents import stdlib_prose
-from ..engine import full_kv_bytes, make_policy
+from ..engine import make_policy
+from ..session import full_kv_bytes
 from . import rss_bytes
 
 
