@@ -1,6 +1,7 @@
 """Two steps of SeKV's prefill, called from ``SekvPolicy.prefill``: the exact prefill (full attention over the whole
-prompt in a temporary full-size context, then segmentation and compression into the budget context: sinks, anchors
-and the window copied over, spans into the store) and the refresh of the prompt's tail after the first routing."""
+prompt in a temporary full-size context — an ``ExactPass``, which ``ExactPasses`` lets several policies share —
+then segmentation and compression into the budget context: sinks, anchors and the window copied over, spans into
+the store) and the refresh of the prompt's tail after the first routing."""
 
 from __future__ import annotations
 
