@@ -59,6 +59,8 @@ def test_a_shared_exact_pass_compresses_as_a_prefill_alone(llama_model, gemma_mo
                 policy = make_policy("sekv", model, len(toks) + 12, budget=BudgetConfig(kv_budget=budget, chunk=128),
                                      params=SekvConfig(prefill="exact", **overrides))
                 policy.exact_passes = shared
+                policy.reset()  # a memory's reset keeps what it shares with other policies
+                assert policy.exact_passes is shared
                 try:
                     logits = policy.prefill(toks).copy()
                     steps = [int(np.argmax(logits))]

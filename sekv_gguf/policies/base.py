@@ -23,7 +23,7 @@ from .snapshot import DeviceState, Snapshot
 
 # attributes that are a policy's fixed parts, not its memory: shared by every snapshot, never copied
 SHARED_ATTRS = ("session", "observer", "model", "ctx_config", "router", "config", "params", "plan", "hook",
-                "before_irreversible")
+                "before_irreversible", "exact_passes")
 
 
 class Policy(ABC):

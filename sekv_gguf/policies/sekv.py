@@ -251,7 +251,7 @@ class SekvPolicy(Policy):
         return truncate(self, n)
 
     def _shared(self) -> list[Any]:
-        return super()._shared() + self.store.shared_objects() + [self.sentence_ends, self.exact_passes]
+        return super()._shared() + self.store.shared_objects() + [self.sentence_ends]
 
     @property
     def host_bytes(self) -> int:
