@@ -108,8 +108,8 @@ def test_a_step_routed_inside_its_decode_equals_full(llama_model, gemma_model, w
         policy.close()
     if routing == "layer":
         # Gemma: 2e-5 of the largest logit apart on an AMD EPYC build (1e-5 held on the machine it was written on):
-        # the one-token decode's kernels sum the rebuilt cells in another order; a step that misses spans is
-        # 1e-3 apart (the lagged case below)
+        # presumably the one-token decode's kernels summing the rebuilt cells in another order (not traced); a step
+        # that misses spans is 1e-3 apart (the lagged case below)
         tol = 1e-5 if which == "llama" else 5e-5
         np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
     else:
