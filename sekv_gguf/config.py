@@ -199,8 +199,9 @@ class SekvConfig:
         as the prefill that wrote them made; decode-step routing keeps its bounded reads.
     block_tokens: tokens per block of the routing index (one mean key per block, span, layer and KV head).
     prefill: "streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size
-        context, then compression), or "auto": exact when the prompt's full KV fits ``exact_prefill_mib``,
-        streaming above it (a prompt that fits the budget is full KV anyway). Streamed, every row past the first
+        context, then compression), or "auto": exact when streaming would compress part of the prompt and the
+        prompt's full KV fits ``exact_prefill_mib``, streaming otherwise (a prompt the window holds whole is full
+        attention either way). Streamed, every row past the first
         layer comes from attention over the compressed past; over ~28K tokens that approximation compounds and a
         needle found and zoomed was still not read back (docs/results.md), where the exact prefill holds it.
     exact_prefill_mib: with ``prefill="auto"``, the most MiB of full KV (the prompt's, the transient context an
