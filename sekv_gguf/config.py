@@ -201,9 +201,9 @@ class SekvConfig:
     prefill: "streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size
         context, then compression), or "auto": exact when streaming would compress part of the prompt and the
         prompt's full KV fits ``exact_prefill_mib``, streaming otherwise (a prompt the window holds whole is full
-        attention either way). Streamed, every row past the first
-        layer comes from attention over the compressed past; over ~28K tokens that approximation compounds and a
-        needle found and zoomed was still not read back (docs/results.md), where the exact prefill holds it.
+        attention either way). Streamed, every row past the first layer comes from attention over the compressed
+        past; over ~28K tokens that approximation compounds and a needle found and zoomed was still not read back
+        (docs/results.md), where the exact prefill holds it.
     exact_prefill_mib: with ``prefill="auto"``, the most MiB of full KV (the prompt's, the transient context an
         exact prefill allocates and frees) for which the prefill is exact; 0: always streaming.
     route_every: decode steps between routings (1: every step); zoomed spans stay resident between.

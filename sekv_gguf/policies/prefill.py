@@ -21,7 +21,7 @@ class ExactPass:
     """A prompt decoded with full attention in a temporary full-size context: what an exact prefill segments and
     compresses. Read only after it is made (compressions into several budgets may share it: ``ExactPasses``)."""
 
-    key: tuple[Any, ...]      # (tokens, context cells, batch, context config): what it was made for
+    key: tuple[Any, ...]      # (tokens, batch, context config): what it was made for
     session: Session          # the full-size context, every prompt token resident
     surprisal: np.ndarray     # f32 [n_tokens]
     last_logits: np.ndarray   # f32 [n_vocab] the next token's logits
@@ -57,7 +57,7 @@ def exact_pass(model: Any, ctx_config: Any, chunk: int, tokens: list[int],
 
 
 def _key(tokens: list[int], chunk: int, ctx_config: Any) -> tuple[Any, ...]:
-    return (tuple(tokens), round_cells(len(tokens)), chunk, ctx_config)
+    return (tuple(tokens), chunk, ctx_config)
 
 
 class ExactPasses:

@@ -49,13 +49,14 @@ class SekvPolicy(Policy):
     def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,
                  params: SekvConfig | None = None, router: Router | None = None,
                  observer: Callable[[Policy], None] | None = None, *, segmenter: Segmenter | None = None,
-                 summary_rows: bool = True, exact_passes: ExactPasses | None = None):
+                 summary_rows: bool = True):
         self.config = config = params or SekvConfig()
         self.router = router or training_free(config)
         self.plan = plan = BudgetPlan.of(budget or BudgetConfig(), n_context, config.zoom_share, config.anchor_share,
                                          config.compress_when_fits)
         self.summary_rows = summary_rows
-        self.exact_passes = exact_passes  # full-attention passes shared with other policies (an evaluation's)
+        # full-attention passes shared with other policies (an evaluation's runs set it; see prefill.ExactPasses)
+        self.exact_passes: ExactPasses | None = None
         if not plan.fits:
             max_spans = -(-max(n_context - plan.config.n_sink - plan.window, 0) // config.span_min)
             plan.check({"sinks": plan.config.n_sink, "anchors": plan.anchor_cap,
