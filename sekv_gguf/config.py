@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gguf import GGMLQuantizationType
 
@@ -30,45 +31,46 @@ def round_cells(n: int, granularity: int = CELL_GRANULARITY) -> int:
     return max(granularity, -(-int(n) // granularity) * granularity)
 
 
+def setting(default: Any, text: str, **meta: Any) -> Any:
+    """A dataclass field with its description in ``metadata["help"]`` (and ``choices`` where the values are named):
+    the one place it is written, read by the CLI's flags (``sekv_gguf.cli``)."""
+    return field(default=default, metadata={"help": text, **meta})
+
+
 THREADS_ENV = "SEKV_THREADS"  # threads when ContextConfig.n_threads is 0 (the tests set every core)
 
 
 @dataclass
 class ContextConfig:
-    """How a llama_context is created for sekv_gguf.
+    """How a llama_context is created for sekv_gguf (each field's ``help`` metadata says what it sets)."""
 
-    n_ctx: cells of the (base) KV cache; llama.cpp rounds it up to a multiple of 256.
-    n_batch / n_ubatch: most tokens per ``llama_decode`` call / per compute step.
-    n_threads: CPU threads (0: $SEKV_THREADS if set, else half the logical cores, at least one — llama-cpp-python's
-    default: physical cores on SMT machines, and room for the rest of a desktop; measured in docs/reliability.md).
-    poll: polling level (0..100) of the CPU worker threads between graph nodes; None: ggml's default (50, they spin:
-    fastest alone, stalls when another busy process wants the cores); 0: they sleep (see docs/reliability.md).
-    flash_attn: required for per-cell V rows (with it off V is stored transposed; the hook handles that, slower).
-    swa_full: keep False so that iSWA models (Gemma 3) allocate a window-sized SWA cache, not a full one.
-    type_k / type_v: cache element types ("f16" or "f32").
-    n_gpu_layers: layers offloaded to the GPU or the RPC servers (-1: all; ignored by a CPU build without them).
-    rpc_servers: ``HOST:PORT`` of llama.cpp RPC servers (``ggml-rpc-server``) whose devices take the offloaded layers
-        (and their KV cache) before this machine's GPUs; empty: none (see ``sekv_gguf.rpc``).
-    rpc_timeout_s: an RPC call that gets no answer for this long fails (0: wait forever).
-    repack_weights: let the CPU backend repack quantized weights for its faster kernels (llama.cpp's default). Off,
-        the local CPU computes with the same kernels as an RPC server's CPU, bit for bit.
-    verbose: let llama.cpp log to stderr.
-    """
-
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_ubatch: int = 512
-    n_threads: int = 0
-    poll: int | None = None
-    flash_attn: bool = True
-    swa_full: bool = False
-    type_k: str = "f16"
-    type_v: str = "f16"
-    n_gpu_layers: int = -1
-    rpc_servers: tuple[str, ...] = ()
-    rpc_timeout_s: float = 300.0
-    repack_weights: bool = True
-    verbose: bool = False
+    n_ctx: int = setting(4096, "cells of the (base) KV cache; llama.cpp rounds it up to a multiple of 256")
+    n_batch: int = setting(512, "most tokens per llama_decode call")
+    n_ubatch: int = setting(512, "most tokens per compute step")
+    n_threads: int = setting(0, "CPU threads (0: $SEKV_THREADS if set, else half the logical cores, at least one — "
+                                "llama-cpp-python's default: physical cores on SMT machines, and room for the rest of "
+                                "a desktop; measured in docs/reliability.md)")
+    poll: int | None = setting(None, "polling level (0..100) of the CPU worker threads between graph nodes; None: "
+                                     "ggml's default (50, they spin: fastest alone, stalls when another busy process "
+                                     "wants the cores); 0: they sleep (see docs/reliability.md)")
+    flash_attn: bool = setting(True, "required for per-cell V rows (with it off V is stored transposed; the hook "
+                                     "handles that, slower)")
+    swa_full: bool = setting(False, "keep False so that iSWA models (Gemma 3) allocate a window-sized SWA cache, not "
+                                    "a full one")
+    type_k: str = setting("f16", "K cache element type", choices=tuple(KV_TYPES))
+    type_v: str = setting("f16", "V cache element type", choices=tuple(KV_TYPES))
+    n_gpu_layers: int = setting(-1, "layers offloaded to the GPU or the RPC servers (-1: all; ignored by a CPU build "
+                                    "without them)")
+    rpc_servers: tuple[str, ...] = setting((), "HOST:PORT of llama.cpp RPC servers (ggml-rpc-server) whose devices "
+                                               "take the offloaded layers (and their KV cache) before this machine's "
+                                               "GPUs; empty: none (see sekv_gguf.rpc); never expose such a server to "
+                                               "an open network")
+    rpc_timeout_s: float = setting(300.0, "an RPC call that gets no answer for this many seconds fails (0: wait "
+                                          "forever)")
+    repack_weights: bool = setting(True, "let the CPU backend repack quantized weights for its faster kernels "
+                                         "(llama.cpp's default); off, the local CPU computes with the same kernels as "
+                                         "an RPC server's CPU, bit for bit")
+    verbose: bool = setting(False, "let llama.cpp log to stderr")
 
     def __post_init__(self) -> None:
         if self.rpc_servers:
@@ -108,25 +110,20 @@ class ContextConfig:
 
 @dataclass
 class BudgetConfig:
-    """The device budget every policy of a comparison shares (cells of the managed cache).
+    """The device budget every policy of a comparison shares (cells of the managed cache; each field's ``help``
+    metadata says what it sets)."""
 
-    kv_budget: device cells: an int, or a fraction (0, 1] of prompt + generation; rounded up to
-        ``cell_granularity`` (llama.cpp allocates cells in multiples of it).
-    n_sink: first tokens kept resident (attention sinks).
-    window: recent tokens kept resident by the policies that keep a window (0: ``window_share`` of the budget, at
-        most ``window_max``).
-    chunk: prompt tokens per llama_decode; while streaming at most ``chunk_share`` of the budget, so that a chunk
-        fits beside what stays resident (``BudgetConfig.stream_chunk``).
-    """
-
-    kv_budget: float = 0.25
-    n_sink: int = 4
-    window: int = 0
-    window_max: int = 256
-    window_share: float = 0.125
-    chunk: int = 256
-    chunk_share: float = 0.125
-    cell_granularity: int = CELL_GRANULARITY
+    kv_budget: float = setting(0.25, "device cells: an int, or a fraction (0, 1] of prompt + generation; rounded up "
+                                     "to cell_granularity (llama.cpp allocates cells in multiples of it)")
+    n_sink: int = setting(4, "first tokens kept resident (attention sinks)")
+    window: int = setting(0, "recent tokens kept resident by the policies that keep a window (0: window_share of the "
+                             "budget, at most window_max)")
+    window_max: int = setting(256, "most recent tokens a window of window_share keeps")
+    window_share: float = setting(0.125, "the window's share of the budget when window is 0")
+    chunk: int = setting(256, "prompt tokens per llama_decode; while streaming at most chunk_share of the budget, so "
+                              "that a chunk fits beside what stays resident (BudgetConfig.stream_chunk)")
+    chunk_share: float = setting(0.125, "most of the budget a streamed prompt chunk may take")
+    cell_granularity: int = setting(CELL_GRANULARITY, "cells the budget is rounded up to a multiple of")
 
     def __post_init__(self) -> None:
         if self.kv_budget <= 0:
@@ -161,105 +158,102 @@ class BudgetConfig:
 
 @dataclass
 class SekvConfig:
-    """SeKV's parameters (docs/design.md §1); the device budget is a ``BudgetConfig``.
+    """SeKV's parameters (docs/design.md §1; each field's ``help`` metadata says what it sets); the device budget is a
+    ``BudgetConfig``. The measurements behind these choices are in docs/results.md."""
 
-    zoom_share: share of the budget reserved for rebuilt (zoomed) span tokens, per layer.
-    anchor_alpha: a token is an anchor when its surprisal exceeds mean + alpha * std of the surprisal seen so far.
-    anchor_share: most cells anchors may take, as a share of the budget (the cap).
-    spread_anchors: how a streamed memory (no exact prefill) spends the anchor cap: "none" (first come, first
-        served: a 28K prompt spent it on its first 3%), "share" (the tokens before position p hold at most
-        p / n_context of the cap), "quantile" (an anchor must also be among the cap / n_context most surprising of
-        the tokens seen so far, at most twice the share) — the exact prefill takes the cap's most surprising
-        tokens of the whole prompt at once.
-    span_min / span_max: span lengths; runs between anchors are cut at surprisal change points into spans of
-        these lengths (a shorter tail waits in the window for more tokens).
-    span_cuts: where a span may end. "sentence": at the largest surprisal jump among the cuts right after a
-        sentence end (a token ending in . ! ? or holding a line break) in its length range, anywhere only where the
-        range holds none; "surprisal": at the largest jump anywhere — which cuts a sentence at its most surprising
-        word, typically a name (the key of a "the number for KEY is VALUE" sentence, leaving "for" in one span and
-        "KEY is VALUE" in the next: zoomed alone, a value loses what it belongs to).
-    energy: share of a span's squared Frobenius norm the low-rank factors keep (per layer, for K and for V);
-        when that rank exceeds ``r_max`` or its fp16 factors would not be smaller than the raw rows, the raw rows
-        are kept instead, so the relative reconstruction error never exceeds sqrt(1 - energy).
-    energy_v: the same for V (None: ``energy``); values need no retrieval precision, keys do.
-    r_max: largest rank stored.
-    host_format: how span rows are stored where factors would not be smaller: "q8" (int8 codes, one f32 scale per
-        channel for K and per token for V: about half the bytes of "f16", needles unchanged in the evaluation) or
-        "f16" (as the device holds them: with energy 1 the host tier is then exact).
-    router: the training-free score when no trained router is given: "index" (two-stage: the block index
-        proposes, the resident spans and ``verify_candidates`` others are ordered by exact mass; bounded reads),
-        "mass" (each span's attention mass logsumexp_t q·k_t from its host factors: reads every host row),
-        "summary" (the summary row's logit q·k̄ + log|S|), "centroid" (q·k̄) or "bound" (Quest's channel-wise
-        bound); see ``sekv_gguf.router``. A trained router (``TrainedRouter.from_file``) replaces it.
-    verify_candidates: for the two-stage routers (index, trained), the non-resident spans they propose first per
-        layer whose exact attention mass (from the host factors) then orders them with the resident ones;
-        0: the proposal alone.
-    prompt_scan: the routing right after a prompt (its question has just arrived; the first, decisive choice) ranks
-        every span by exact mass instead of a two-stage router's proposal: one pass over the host rows per prompt,
-        as the prefill that wrote them made; decode-step routing keeps its bounded reads.
-    block_tokens: tokens per block of the routing index (one mean key per block, span, layer and KV head).
-    prefill: "streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size
-        context, then compression), or "auto": exact when streaming would compress part of the prompt and the
-        prompt's full KV fits ``exact_prefill_mib``, streaming otherwise (a prompt the window holds whole is full
-        attention either way). Streamed, every row past the first layer comes from attention over the compressed
-        past; over ~28K tokens that approximation compounds and a needle found and zoomed was still not read back
-        (docs/results.md), where the exact prefill holds it.
-    exact_prefill_mib: with ``prefill="auto"``, the most MiB of full KV (the prompt's, the transient context an
-        exact prefill allocates and frees) for which the prefill is exact; 0: always streaming.
-    route_every: decode steps between routings (1: every step); zoomed spans stay resident between.
-    max_new_zooms: most spans rebuilt per layer per decode step (the first routing after prefill has no limit);
-        bounds the host->device traffic of a step, the zoom cache keeps what is already resident.
-    zoom_lag_refresh: re-decode the last ``refresh_tokens`` prompt tokens after the first routing, so the end of the
-        prompt (typically the question) and the first generated token see the zoomed spans, not only summaries.
-    turn_tokens: an append of at most this many tokens into a memory that already holds tokens is a *turn* (a
-        conversation's next message, whose time to first token a user waits for): it is decoded with logits for its
-        last token only (its first token's surprisal comes from the previous logits, the others take the mean
-        surprisal seen so far) instead of a logits row per token, which on Gemma's 262K vocabulary doubles the
-        cost of a short turn. Its tail is refreshed like a prompt's: the question's own tokens must read the spans
-        it zoomed (refreshing only its last 1/8/16 of 40 tokens lost 3/3/2 of 3 needles in a multi-turn case that
-        a full refresh holds). 0: every append is scored.
-    turn_routing: how a turn reaches the spans its question needs. "layer": one decode; inside it, each hooked
-        layer routes with that layer's query of this decode and zooms before its attention reads the cache (the
-        hook's layer callback), so every token of the turn reads the zoomed spans without a second pass. Where the
-        callback is unsupported (cache not in host memory) it falls back to "refresh": decode, route with the
-        captured queries, decode the turn again (the tail refresh above).
-    step_routing: when a decode step's routing (every ``route_every`` steps) takes effect. "lagged": after the
-        step, with its query, for the steps that follow (each step reads what an earlier query chose); "layer":
-        inside the step's own decode, each hooked layer with this step's query before its attention (the layer
-        callback, as ``turn_routing``; where it is unsupported, "lagged").
-    elastic_window: give the recent window every cell that sinks, anchors, summary rows and the zoom slots do not
-        hold (less the next decode's tokens and a span's worth of pending tokens); it shrinks back as spans
-        arrive, never below the budget's fixed window. Off: the window is the budget's fixed window.
-    compress_when_fits: compress even when prompt + generation fit the budget (for exactness checks and studies;
-        by default such a run is plain full KV).
-    """
-
-    zoom_share: float = 0.25
-    anchor_alpha: float = 1.0
-    anchor_share: float = 0.05
-    spread_anchors: str = "none"
-    span_min: int = 32
-    span_max: int = 64
-    span_cuts: str = "sentence"
-    energy: float = 0.999
-    energy_v: float | None = None
-    r_max: int = 64
-    host_format: str = "q8"
-    prefill: str = "auto"
-    exact_prefill_mib: float = 1024.0
-    router: str = "index"
-    verify_candidates: int = 16
-    prompt_scan: bool = True
-    block_tokens: int = 16
-    route_every: int = 4
-    max_new_zooms: int = 2
-    zoom_lag_refresh: bool = True
-    refresh_tokens: int = 32
-    turn_tokens: int = 64
-    turn_routing: str = "layer"
-    step_routing: str = "lagged"
-    elastic_window: bool = True
-    compress_when_fits: bool = False
+    zoom_share: float = setting(0.25, "share of the budget reserved for rebuilt (zoomed) span tokens, per layer")
+    anchor_alpha: float = setting(1.0, "a token is an anchor when its surprisal exceeds mean + alpha * std of the "
+                                       "surprisal seen so far")
+    anchor_share: float = setting(0.05, "most cells anchors may take, as a share of the budget (the cap)")
+    spread_anchors: str = setting(
+        "none", 'how a streamed memory (no exact prefill) spends the anchor cap: "none" (first come, first served), '
+                '"share" (the tokens before position p hold at most p / n_context of the cap), "quantile" (an anchor '
+                "must also be among the cap / n_context most surprising of the tokens seen so far, at most twice the "
+                "share) — the exact prefill takes the cap's most surprising tokens of the whole prompt at once",
+        choices=("none", "share", "quantile"))
+    span_min: int = setting(32, "shortest span: runs between anchors are cut at surprisal change points into spans of "
+                                "span_min..span_max tokens (a shorter tail waits in the window for more tokens)")
+    span_max: int = setting(64, "longest span (see span_min)")
+    span_cuts: str = setting(
+        "sentence", 'where a span may end. "sentence": at the largest surprisal jump among the cuts right after a '
+                    "sentence end (a token ending in . ! ? or holding a line break) in its length range, anywhere "
+                    'only where the range holds none; "surprisal": at the largest jump anywhere — which cuts a '
+                    'sentence at its most surprising word, typically a name (the key of a "the number for KEY is '
+                    'VALUE" sentence, leaving "for" in one span and "KEY is VALUE" in the next: zoomed alone, a value '
+                    "loses what it belongs to)",
+        choices=("sentence", "surprisal"))
+    energy: float = setting(0.999, "share of a span's squared Frobenius norm the low-rank factors keep (per layer, "
+                                   "for K and for V); when that rank exceeds r_max or its fp16 factors would not be "
+                                   "smaller than the raw rows, the raw rows are kept instead, so the relative "
+                                   "reconstruction error never exceeds sqrt(1 - energy)")
+    energy_v: float | None = setting(None, "the same for V (None: energy); values need no retrieval precision, keys "
+                                           "do")
+    r_max: int = setting(64, "largest rank stored")
+    host_format: str = setting(
+        "q8", "how span rows are stored where factors would not be smaller: \"q8\" (int8 codes, one f32 scale per "
+              'channel for K and per token for V: about half the bytes of "f16") or "f16" (as the device holds '
+              "them: with energy 1 the host tier is then exact)",
+        choices=HOST_FORMATS)
+    prefill: str = setting(
+        "auto", '"streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size '
+                'context, then compression), or "auto": exact when streaming would compress part of the prompt and '
+                "the prompt's full KV fits exact_prefill_mib, streaming otherwise (a prompt the window holds whole "
+                "is full attention either way); streamed, every row past the first layer comes from attention over "
+                "the compressed past",
+        choices=("auto", "streaming", "exact"))
+    exact_prefill_mib: float = setting(1024.0, 'with prefill "auto", the most MiB of full KV (the prompt\'s, the '
+                                               "transient context an exact prefill allocates and frees) for which the "
+                                               "prefill is exact; 0: always streaming")
+    router: str = setting(
+        "index", 'the training-free score when no trained router is given: "index" (two-stage: the block index '
+                 "proposes, the resident spans and verify_candidates others are ordered by exact mass; bounded "
+                 "reads), \"mass\" (each span's attention mass logsumexp_t q·k_t from its host factors: reads every "
+                 'host row), "summary" (the summary row\'s logit q·k̄ + log|S|), "centroid" (q·k̄) or "bound" '
+                 "(Quest's channel-wise bound); see sekv_gguf.router; a trained router (TrainedRouter.from_file) "
+                 "replaces it",
+        choices=TRAINING_FREE_SCORES)
+    verify_candidates: int = setting(16, "for the two-stage routers (index, trained), the non-resident spans they "
+                                         "propose first per layer whose exact attention mass (from the host factors) "
+                                         "then orders them with the resident ones; 0: the proposal alone")
+    prompt_scan: bool = setting(True, "the routing right after a prompt (its question has just arrived; the first, "
+                                      "decisive choice) ranks every span by exact mass instead of a two-stage "
+                                      "router's proposal: one pass over the host rows per prompt, as the prefill that "
+                                      "wrote them made; decode-step routing keeps its bounded reads")
+    block_tokens: int = setting(16, "tokens per block of the routing index (one mean key per block, span, layer and "
+                                    "KV head)")
+    route_every: int = setting(4, "decode steps between routings (1: every step); zoomed spans stay resident between")
+    max_new_zooms: int = setting(2, "most spans rebuilt per layer per decode step (the first routing after prefill "
+                                    "has no limit); bounds the host->device traffic of a step, the zoom cache keeps "
+                                    "what is already resident")
+    zoom_lag_refresh: bool = setting(True, "re-decode the last refresh_tokens prompt tokens after the first routing, "
+                                           "so the end of the prompt (typically the question) and the first "
+                                           "generated token see the zoomed spans, not only summaries")
+    refresh_tokens: int = setting(32, "prompt tokens zoom_lag_refresh (and a turn's tail refresh) decodes again")
+    turn_tokens: int = setting(
+        64, "an append of at most this many tokens into a memory that already holds tokens is a *turn* (a "
+            "conversation's next message, whose time to first token a user waits for): it is decoded with logits "
+            "for its last token only (its first token's surprisal comes from the previous logits, the others take "
+            "the mean surprisal seen so far) instead of a logits row per token; its tail is refreshed like a "
+            "prompt's: the question's own tokens must read the spans it zoomed; 0: every append is scored")
+    turn_routing: str = setting(
+        "layer", 'how a turn reaches the spans its question needs. "layer": one decode; inside it, each hooked layer '
+                 "routes with that layer's query of this decode and zooms before its attention reads the cache (the "
+                 "hook's layer callback), so every token of the turn reads the zoomed spans without a second pass; "
+                 'where the callback is unsupported (cache not in host memory) it falls back to "refresh": decode, '
+                 "route with the captured queries, decode the turn again (the tail refresh of zoom_lag_refresh)",
+        choices=("layer", "refresh"))
+    step_routing: str = setting(
+        "lagged", "when a decode step's routing (every route_every steps) takes effect. \"lagged\": after the step, "
+                  "with its query, for the steps that follow (each step reads what an earlier query chose); "
+                  "\"layer\": inside the step's own decode, each hooked layer with this step's query before its "
+                  'attention (the layer callback, as turn_routing; where it is unsupported, "lagged")',
+        choices=("lagged", "layer"))
+    elastic_window: bool = setting(True, "give the recent window every cell that sinks, anchors, summary rows and the "
+                                         "zoom slots do not hold (less the next decode's tokens and a span's worth of "
+                                         "pending tokens); it shrinks back as spans arrive, never below the budget's "
+                                         "fixed window; off: the window is the budget's fixed window")
+    compress_when_fits: bool = setting(False, "compress even when prompt + generation fit the budget (for exactness "
+                                              "checks and studies; by default such a run is plain full KV)")
 
     def __post_init__(self) -> None:
         if not 0 < self.zoom_share < 1:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from conftest import prose
+from sekv_gguf.config import round_cells
+from sekv_gguf.tiny_models import TinySpec, write_tiny_llama
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -82,6 +85,8 @@ def test_run_streams_text(tiny_llama):
     (["-f", "/nonexistent/prompt.txt"], "prompt file not found"),
     (["--kv-budget", "256", "-n", "30000", "-p", "x"], "kv_budget of 256 cells"),
     (["--kv-budget", "-3", "-p", "x"], "--kv-budget must be > 0"),
+    (["-n", "-5", "-p", "x"], "-n takes a number of tokens >= 0, or -1"),
+    (["-n", "-2", "-p", "x"], "-n takes a number of tokens >= 0, or -1"),
 ])
 def test_run_bad_input(tiny_llama, args, message):
     r = _run("run", str(tiny_llama), *args)
@@ -94,3 +99,39 @@ def test_run_unsupported_model(tiny_mrope):
     r = _run("run", str(tiny_mrope), "-p", "hello", "-n", "2")
     assert r.returncode != 0 and "unsupported memory" in r.stderr
     assert len([line for line in r.stderr.splitlines() if line.strip()]) == 1
+
+
+@pytest.mark.parametrize("n", ["-5", "-2"])
+def test_run_refuses_negative_n_in_one_line(tiny_llama, n):
+    """Only -1 of the negatives means something (llama.cpp's "until the end"): the others are a one-line error."""
+    r = _run("run", str(tiny_llama), "-p", "x", "-n", n, "--json")
+    assert r.returncode == 1 and r.stdout == ""
+    assert [line for line in r.stderr.splitlines() if line.strip()] == [
+        f"error: -n takes a number of tokens >= 0, or -1 (until end of text or the context is full); got {n}"]
+
+
+@pytest.mark.parametrize("policy", ["full", "sekv"])
+def test_run_n_minus_one_runs_until_the_context_is_full(tmp_path, policy):
+    """``-n -1`` is ``-n N`` with N what the model's training context leaves after the prompt (a random-weight model
+    that never ends its text fills it): the same text, context and budget (a fraction of that context)."""
+    n_ctx_train = 600
+    model = write_tiny_llama(tmp_path / "short.gguf", replace(TinySpec(), n_ctx_train=n_ctx_train))
+    args = ("run", str(model), "-p", "the magic number is", "--policy", policy, "--kv-budget", "0.5", "--json", "-q")
+    r = _run(*args, "-n", "-1")
+    assert r.returncode == 0, r.stderr
+    until_full = json.loads(r.stdout)
+    assert until_full["prompt_tokens"] + until_full["generated_tokens"] == n_ctx_train
+    r = _run(*args, "-n", str(n_ctx_train - until_full["prompt_tokens"]))
+    assert r.returncode == 0, r.stderr
+    explicit = json.loads(r.stdout)
+    for key in ("text", "generated_tokens", "device_kv_bytes", "full_kv_bytes", "host_kv_bytes"):
+        assert until_full[key] == explicit[key], key
+    if policy == "sekv":
+        assert until_full["sekv"]["budget_cells"] == explicit["sekv"]["budget_cells"] == round_cells(0.5 * n_ctx_train)
+
+
+def test_run_n_minus_one_refuses_a_prompt_over_the_context(tmp_path):
+    model = write_tiny_llama(tmp_path / "short.gguf", replace(TinySpec(), n_ctx_train=300))
+    r = _run("run", str(model), "-p", prose(3000), "-n", "-1")
+    assert r.returncode == 1 and r.stdout == ""
+    assert "exceeds the model's training context of 300" in r.stderr

@@ -1,131 +1,19 @@
-"""``python -m sekv_gguf serve``: an OpenAI-compatible server over one ``SekvLlama`` (``/v1/models``,
-``/v1/completions``, ``/v1/chat/completions`` with SSE streaming), on llama-cpp-python's FastAPI server pieces
-(request types, auth, the request lock, tokenize routes, SSE publisher library).
-
-What it does beyond llama-cpp-python's own server: requests queue and are never cut (no ``interrupt_requests``); a
-``max_tokens`` cap for requests that omit it (``max_completion_tokens`` is read too); ``role: developer`` is a
-system message; a streamed chat ends with a usage chunk when ``stream_options.include_usage`` is set; usage carries
-``prompt_tokens_details.cached_tokens``; ``/v1/models`` gives the logical context length; bad requests (malformed
-JSON, wrong types, unsupported features, a base model asked to chat) get OpenAI-shaped 4xx errors, never a 500.
-Needs the ``serve`` extra (FastAPI, uvicorn, sse-starlette, starlette-context, pydantic-settings).
-"""
-
+"""The FastAPI app ``serve`` runs over one ``SekvLlama``: request normalisation, the model proxy llama-cpp-python's
+routes expect, and every failure mapped to an OpenAI-shaped error (4xx for what a request asked, 500 only for a
+fault). The server imports (FastAPI, llama-cpp-python's server pieces) happen in ``create_app``."""
 
 import contextlib
 import json
 import re
-import signal
 import threading
 import time
-import typing
-from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .config import BudgetConfig, ContextConfig, SekvConfig
-from .endpoints import parse_endpoints
-from .errors import InputFileError, SekvError
-from .memory import MemoryConfig
-from .textfile import read_text
+from ..errors import SekvError
+from .settings import ServeConfig
 
 # llama-cpp-python's message for a prompt over the context (its server turns it into context_length_exceeded)
 CONTEXT_EXCEEDED = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
-DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens gets at most this many (never "until n_ctx")
-
-
-@dataclass
-class ServeConfig:
-    """What ``serve`` runs: model (default: SmolLM2-135M-Instruct), alias (default: the file's stem), policy,
-    kv_budget, n_ctx (logical; 0: the model's training context), prefill, adapter, chat_format (for a GGUF without
-    a chat template), host, port, api_key, max_tokens (cap for requests without one), threads, memories, rpc (RPC
-    servers), n_gpu_layers."""
-
-    model: str | None = None
-    alias: str | None = None
-    policy: str = "sekv"
-    kv_budget: float = BudgetConfig.kv_budget
-    n_ctx: int = 0
-    prefill: str = SekvConfig.prefill
-    adapter: str | None = None
-    chat_format: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    threads: int = 0
-    memories: int = MemoryConfig.memories
-    rpc: str | None = None  # HOST:PORT[,HOST:PORT...] of llama.cpp RPC servers that take the offloaded layers
-    n_gpu_layers: int = -1  # layers offloaded to the GPUs / RPC servers (-1: all)
-    rpc_timeout: float = ContextConfig.rpc_timeout_s  # an RPC call with no answer for this long fails (0: never)
-    expose: bool = False  # required to listen on an address other than the loopback
-    shutdown_grace_s: float = 10.0  # on SIGTERM, how long a running stream may take to send its last chunk
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1 or not 0 < self.port < 65536 or self.threads < 0 or self.memories < 1:
-            raise ValueError(f"need max_tokens >= 1, a port in 1..65535, threads >= 0, memories >= 1; got {self}")
-        BudgetConfig(kv_budget=self.kv_budget)  # validates
-        if self.n_ctx < 0 or not self.shutdown_grace_s >= 0 or not self.rpc_timeout >= 0:
-            raise ValueError(f"need n_ctx >= 0, shutdown_grace_s >= 0 and rpc_timeout >= 0; got {self.n_ctx}, "
-                             f"{self.shutdown_grace_s}, {self.rpc_timeout}")
-        if self.rpc:
-            parse_endpoints(self.rpc)  # RpcEndpointError (a ValueError) names the bad one
-        if not self.expose and not is_loopback(self.host):
-            raise ValueError(f"--host {self.host} would serve the model to the network: add --expose to mean it "
-                             "(and set --api-key)")
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "ServeConfig":
-        """A JSON or YAML file of ``ServeConfig`` keys; any fault (unreadable, not JSON/YAML, not a mapping, an
-        unknown key, a value of the wrong type or out of range) is an ``InputFileError`` naming the file."""
-        p = Path(path)
-        text = read_text(p, "config file")
-        yaml_file = p.suffix in (".yaml", ".yml")
-        try:
-            if yaml_file:
-                import yaml
-
-                data = yaml.safe_load(text)
-            else:
-                data = json.loads(text)
-        except Exception as e:  # json.JSONDecodeError, RecursionError, yaml.YAMLError and its kin
-            raise InputFileError(f"config file {p} is not valid {'YAML' if yaml_file else 'JSON'}: {e}") from None
-        if not isinstance(data, dict):
-            raise InputFileError(f"config file {p}: expected a mapping of settings, got {type(data).__name__}")
-        types = _setting_types(cls)
-        unknown = sorted(str(k) for k in data if k not in types)
-        if unknown:
-            raise InputFileError(f"config file {p}: unknown settings {unknown}; known: {sorted(types)}")
-        for key, value in data.items():
-            want = types[key]
-            if not isinstance(value, want) or isinstance(value, bool) and bool not in want:
-                names = "/".join("null" if t is type(None) else t.__name__ for t in want)
-                raise InputFileError(f"config file {p}: {key} must be {names}, got {value!r}")
-        try:
-            return cls(**data)
-        except ValueError as e:
-            raise InputFileError(f"config file {p}: {e}") from None
-
-
-def _setting_types(cls: type) -> dict[str, tuple[type, ...]]:
-    """The JSON/YAML types each field of the dataclass ``cls`` accepts, from its annotations (``str | None`` ->
-    str or null; an int is accepted where a float is wanted)."""
-    out = {}
-    for f in fields(cls):
-        types = typing.get_args(f.type) or (f.type,)
-        out[f.name] = ((int,) if float in types else ()) + types
-    return out
-
-
-def load_llm(cfg: ServeConfig) -> Any:
-    """The ``SekvLlama`` the server runs."""
-    from .llm import SekvLlama
-    from .models import default_chat_model_path
-
-    path = cfg.model or str(default_chat_model_path())
-    return SekvLlama(path, policy=cfg.policy, kv_budget=cfg.kv_budget, n_ctx=cfg.n_ctx, prefill=cfg.prefill,
-                     adapter=cfg.adapter, chat_format=cfg.chat_format, n_threads=cfg.threads or None,
-                     memories=MemoryConfig(memories=cfg.memories), rpc_servers=cfg.rpc,
-                     n_gpu_layers=cfg.n_gpu_layers, rpc_timeout_s=cfg.rpc_timeout)
 
 
 class _Proxy:
@@ -303,7 +191,7 @@ def create_app(llm: Any, cfg: ServeConfig) -> Any:
                             await anyio.to_thread.run_sync(iterator.close)
 
     def usage_chunk(llama: Any, last: dict, chat: bool) -> dict:
-        n_prompt = llama.counters["prompt_tokens"]
+        n_prompt = llama.counters.prompt_tokens
         sampled = list(llama._sampled)
         if sampled and llama_cpp.llama_vocab_is_eog(llama._model.vocab, sampled[-1]):
             sampled = sampled[:-1]
@@ -311,7 +199,7 @@ def create_app(llm: Any, cfg: ServeConfig) -> Any:
                 "created": last.get("created"), "model": last.get("model"), "choices": [],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(sampled),
                           "total_tokens": n_prompt + len(sampled),
-                          "prompt_tokens_details": {"cached_tokens": llama.counters["cached_tokens"]}}}
+                          "prompt_tokens_details": {"cached_tokens": llama.counters.cached_tokens}}}
 
     @router.get("/v1/models", dependencies=[Depends(lapp.authenticate)])
     async def models() -> dict:
@@ -347,7 +235,7 @@ def create_app(llm: Any, cfg: ServeConfig) -> Any:
     async def stats() -> dict:
         """The memory: device and host bytes, tokens, spans, and what the last request evaluated and reused."""
         async with contextlib.asynccontextmanager(lapp.get_llama_proxy)() as proxy:
-            return proxy().stats()
+            return proxy().stats().to_json()
 
     from fastapi.middleware import Middleware
 
@@ -369,67 +257,3 @@ def create_app(llm: Any, cfg: ServeConfig) -> Any:
     app.include_router(router)  # ours first: they take precedence over llama-cpp-python's of the same path
     app.include_router(lapp.router)  # /extras/tokenize, /extras/detokenize
     return app
-
-
-def serve(cfg: ServeConfig, log: Callable[[str], None] | None = None) -> int:
-    """Load the model and serve until SIGTERM or Ctrl-C: then stop accepting, end the running request at its next
-    token (a stream with its last chunk and [DONE]), and return 0."""
-    import uvicorn
-
-    bound_malloc()
-    llm = load_llm(cfg)
-    app = create_app(llm, cfg)
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            llm.cancel.set()  # a non-streamed reply ends now too, with what it has
-            super().handle_exit(sig, frame)
-            if sig == signal.SIGTERM:  # a requested stop that went as planned: exit 0, not re-raised (uvicorn would)
-                self._captured_signals.remove(sig)
-
-    if log:
-        log(f"serving {cfg.alias or llm.model_name} ({llm.policy_name}, {llm.n_cells()} device cells, logical "
-            f"context {llm.n_ctx()}) on http://{cfg.host}:{cfg.port}/v1")
-        if not is_loopback(cfg.host):
-            log(f"warning: listening on {cfg.host}: anyone who can reach this machine can use the model"
-                + ("" if cfg.api_key else " (no --api-key set)"))
-    try:
-        Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
-                              timeout_graceful_shutdown=cfg.shutdown_grace_s + 5)).run()
-    finally:
-        llm.close()
-    return 0
-
-
-MALLOC_ARENAS = 2  # glibc arenas for the server's threads
-MALLOC_MMAP_THRESHOLD = 128 << 10  # allocations at least this large always come from (and go back to) mmap
-
-
-def bound_malloc() -> None:
-    """Keep a long-running server's resident memory flat under glibc: by default every worker thread may get its own
-    malloc arena, and each large free raises the mmap threshold, so the big buffers a request frees (a scratch
-    context, a snapshot's device copy) stay in the heap instead of going back to the system. Over 1,000 mixed
-    requests resident memory crept up 30% that way; with two arenas and a fixed threshold it stays within ~2%.
-    A no-op where the C library is not glibc."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    m_mmap_threshold, m_arena_max = -3, -8  # glibc's <malloc.h> parameter numbers
-    mallopt(m_arena_max, MALLOC_ARENAS)
-    mallopt(m_mmap_threshold, MALLOC_MMAP_THRESHOLD)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or address) is reachable only from this machine."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
