@@ -17,11 +17,11 @@ HELP = "commands: /reset  /stats  /file PATH  /quit"
 def _stats_line(llm: Any) -> str:
     s = llm.stats()
     mib = 1024 * 1024
-    sekv = s.get("sekv") or s.get("baseline") or {}
-    return (f"{s['policy']}: {s['tokens']} tokens in memory (logical context {s['n_ctx']}), device KV "
-            f"{s['device_kv_bytes'] / mib:.1f} MiB in {s['device_cells']} cells, host {s['host_bytes'] / mib:.1f} MiB, "
-            f"spans {sekv.get('spans', 0)}; last turn: {s['cached_tokens']} cached, {s['evaluated_tokens']} "
-            f"evaluated of {s['prompt_tokens']} prompt tokens")
+    spans = getattr(s.live.own, "spans", 0)
+    return (f"{s.policy}: {s.tokens} tokens in memory (logical context {s.n_ctx}), device KV "
+            f"{s.live.device_kv_bytes / mib:.1f} MiB in {s.device_cells} cells, host "
+            f"{s.memories_host_bytes / mib:.1f} MiB, spans {spans}; last turn: {s.request.cached_tokens} cached, "
+            f"{s.request.evaluated_tokens} evaluated of {s.request.prompt_tokens} prompt tokens")
 
 
 def run_chat(llm: Any, stdin: TextIO, stdout: TextIO, max_tokens: int, system: str | None = None,

@@ -159,8 +159,8 @@ def _print_stats(r: RunResult) -> None:
              f"({r.decode_tok_s:.1f} tok/s)"]
     if r.sekv:
         k = r.sekv
-        lines.append(f"sekv: router {k['router']}, {k['spans']} spans, {k['anchors']} anchors, mean rank "
-                     f"{k['mean_rank']:.1f}, {k['zooms_per_step']:.2f} zooms/step")
+        lines.append(f"sekv: router {k.router}, {k.spans} spans, {k.anchors} anchors, mean rank "
+                     f"{k.mean_rank:.1f}, {k.zooms_per_step:.2f} zooms/step")
     for line in lines:
         print(line, file=sys.stderr)
 

@@ -15,6 +15,7 @@ with ``logprobs``), quantized K/V cache types.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generator, Iterator, Sequence
 
@@ -23,11 +24,13 @@ import numpy as np
 
 from . import model_params
 from .config import KV_TYPES, BudgetConfig, ContextConfig, SekvConfig
+from .decode import decode_loop, forced
 from .engine import make_policy
 from .errors import RequestCancelled, SekvError
 from .memory import MemoryConfig, Memories
-from .policies import POLICIES
+from .policies import POLICIES, Policy
 from .router import TrainedRouter
+from .stats import LlmStats, RequestCounts
 
 THROWAWAY_CELLS = 256  # the context Llama.__init__ insists on making, closed at once (the policy owns the real one)
 REPLY_RESERVE = 512  # reply tokens a request without max_tokens is assumed to need (whether it fits the scratch lane)
@@ -161,7 +164,7 @@ class SekvLlama(llama_cpp.Llama):
         self._sampled: list[int] = []  # tokens sampled in the current request
         self._reply_hint = REPLY_RESERVE  # tokens the current request may generate (the scratch lane's margin)
         self._rows: dict[int, np.ndarray] | None = None  # logits rows kept for logprobs (position -> [n_vocab])
-        self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "evaluated_tokens": 0}
+        self.counters = RequestCounts()
         # set from another thread to end the current request: generation ends at the next token (finish "stop"),
         # a prompt under evaluation at the next chunk (RequestCancelled; the memory is then emptied). A server
         # gives each request its own event here while that request holds the model.
@@ -181,15 +184,14 @@ class SekvLlama(llama_cpp.Llama):
             raise ValueError(f"Requested tokens ({n0 + len(tokens)}) exceed context window of {self._n_ctx}")
         try:
             if self._phase == "prompt":
-                self.counters["cached_tokens"] = n0
-                self.counters["evaluated_tokens"] = len(tokens)
+                self.counters.cached_tokens = n0
+                self.counters.evaluated_tokens = len(tokens)
                 memory.active.append(tokens)
                 memory.mark_prompt()
                 self._phase = "generate"
             else:
-                for t in tokens:
-                    memory.active.step(t)
-                    self._keep_row()
+                decode_loop(memory.active, np.zeros(0, dtype=np.float32), len(tokens), forced(tokens),
+                            after_step=lambda k, logits: self._keep_row())
         except BaseException:
             memory.reset()  # the memory may be half updated
             self.n_tokens = 0
@@ -224,8 +226,8 @@ class SekvLlama(llama_cpp.Llama):
         self._phase = "prompt"
         self._sampled = []
         active.observer = self._observe
-        self.counters["requests"] += 1
-        self.counters["prompt_tokens"] = len(tokens)
+        self.counters.requests += 1
+        self.counters.prompt_tokens = len(tokens)
         try:
             return (yield from super().generate(tokens, *args, **kwargs))
         finally:
@@ -265,7 +267,7 @@ class SekvLlama(llama_cpp.Llama):
         try:
             for chunk in super()._create_completion(*args, **kwargs):
                 if "usage" in chunk:
-                    chunk["usage"]["prompt_tokens_details"] = {"cached_tokens": self.counters["cached_tokens"]}
+                    chunk["usage"]["prompt_tokens_details"] = {"cached_tokens": self.counters.cached_tokens}
                     if logprobs is not None and not stream:
                         chunk["choices"][0]["logprobs"] = self._logprobs(chunk, logprobs)
                 yield chunk
@@ -305,7 +307,7 @@ class SekvLlama(llama_cpp.Llama):
             offset += len(piece)
         return out
 
-    def _observe(self, policy: Any) -> None:
+    def _observe(self, policy: Policy) -> None:
         """The active policy's progress callback (after each prompt chunk): where a cancelled prompt stops."""
         if self.cancel.is_set() and policy.phase != "decode":
             raise RequestCancelled("the request was cancelled while its prompt was evaluated")
@@ -342,14 +344,13 @@ class SekvLlama(llama_cpp.Llama):
 
     # -- reporting and closing ---------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> LlmStats:
         """Device and host bytes, the live memory's size and spans, the last request's counters."""
         live = self.memories.live
-        out = {"policy": self.policy_name, "n_ctx": self._n_ctx, "device_cells": self.n_cells(),
-               "tokens": live.n_tokens, "host_bytes": self.memories.host_bytes,
-               "saved_memories": len(self.memories.saved), **self.counters, **self.memories.counters}
-        out.update(live.stats())
-        return out
+        return LlmStats(policy=self.policy_name, n_ctx=self._n_ctx, device_cells=self.n_cells(),
+                        tokens=live.n_tokens, memories_host_bytes=self.memories.host_bytes,
+                        saved_memories=len(self.memories.saved), request=replace(self.counters),
+                        memories=replace(self.memories.counters), live=live.stats())
 
     @property
     def model_name(self) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 
 from .policies.base import Policy
 from .policies.snapshot import Snapshot
+from .stats import MemoryCounts
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Memories:
         self.active: Policy = self.live
         self.saved: list[Snapshot] = []  # least recently used first
         self.checkpoint: Snapshot | None = None
-        self.counters = {"switches": 0, "scratch_requests": 0, "checkpoint_restores": 0, "evicted": 0}
+        self.counters = MemoryCounts()
 
     def select(self, prompt: Sequence[int], n_predict: int) -> Policy:
         """Make the memory that best serves ``prompt`` (plus ``n_predict`` new tokens) active; returns it."""
@@ -80,7 +81,7 @@ class Memories:
         if little and fits_scratch and self.live.n_tokens > 0 and not continues_scratch:
             if self.scratch is None:
                 self.scratch = self.make_scratch()
-            self.counters["scratch_requests"] += 1
+            self.counters.scratch_requests += 1
             self.active = self.scratch
             return self.active
         self.active = self.live
@@ -93,7 +94,7 @@ class Memories:
             self._save_live()
             self.live.restore(snap)
             self.checkpoint = None
-            self.counters["switches"] += 1
+            self.counters.switches += 1
         return self.active
 
     def _save_live(self) -> None:
@@ -103,7 +104,7 @@ class Memories:
         while len(self.saved) > self.config.memories - 1 or (
                 self.saved and self.host_bytes > self.config.host_limit):
             self.saved.pop(0)
-            self.counters["evicted"] += 1
+            self.counters.evicted += 1
 
     def end_request(self) -> None:
         """A request is done: the scratch context's cells go back (its tokens are remembered)."""
@@ -135,7 +136,7 @@ class Memories:
         if (policy is self.live and cp is not None and n <= cp.n_tokens < policy.n_tokens
                 and policy.tokens[:cp.n_tokens] == cp.tokens):
             policy.restore(cp)
-            self.counters["checkpoint_restores"] += 1
+            self.counters.checkpoint_restores += 1
         return policy.truncate(n)
 
     def reset(self) -> None:

@@ -4,9 +4,9 @@ arrives (so that the answer streams on a clean line)."""
 from __future__ import annotations
 
 import sys
-from typing import Any
-
 from tqdm import tqdm
+
+from .policies import Policy
 
 
 class Progress:
@@ -21,7 +21,7 @@ class Progress:
         self.phase = "prefill"
         self.decoding = False
 
-    def observe(self, policy: Any) -> None:
+    def observe(self, policy: Policy) -> None:
         if self.decoding:
             return
         if policy.phase == "compress" and self.phase != "compress":

@@ -49,9 +49,17 @@ class Segmenter:
     def rewind(self, surprisal: np.ndarray, n_anchors: int) -> None:
         """Statistics as if only ``surprisal`` had been observed and ``n_anchors`` anchors taken (a truncation)."""
         self._n, self._sum, self._sq, self.n_anchors = 0, 0.0, 0.0, n_anchors
-        self.observe(surprisal)
+        self.track(surprisal)
 
-    def observe(self, surprisal: np.ndarray) -> None:
+    def state(self) -> dict[str, float]:
+        """The running statistics as plain data (``load_state`` takes them back)."""
+        return {"n": self._n, "sum": self._sum, "sq": self._sq, "n_anchors": self.n_anchors}
+
+    def load_state(self, state: dict[str, float]) -> None:
+        self._n, self._sum, self._sq = int(state["n"]), float(state["sum"]), float(state["sq"])
+        self.n_anchors = int(state["n_anchors"])
+
+    def track(self, surprisal: np.ndarray) -> None:
         """Update the running statistics with newly realised tokens."""
         s = np.asarray(surprisal, dtype=np.float64)
         self._n += s.size
@@ -181,11 +189,17 @@ class SentenceSegmenter:
             self._ends = SentenceEnds(piece, self.marks)
         return self._ends(tokens)
 
-    def observe(self, signal: np.ndarray) -> None:
+    def track(self, signal: np.ndarray) -> None:
         """Nothing to learn: sentence ends are read from the tokens."""
 
     def rewind(self, signal: np.ndarray, n_anchors: int) -> None:
         """Nothing to forget."""
+
+    def state(self) -> dict[str, float]:
+        return {}
+
+    def load_state(self, state: dict[str, float]) -> None:
+        """Nothing to take back."""
 
     def cut(self, signal: np.ndarray, final: bool = False, allowance: int | None = None,
             floor: float | None = None, ends: np.ndarray | None = None) -> Segmentation:

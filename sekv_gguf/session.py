@@ -169,6 +169,14 @@ class Session:
 
     # -- text --------------------------------------------------------------------------------------------------
 
+    def swa_covers(self, n: int) -> bool:
+        """Whether the sliding-window cache of an iSWA model still holds the window before position ``n``, so that
+        decoding can go on from ``n`` once later positions are removed (always true without one)."""
+        info = self.hook.info
+        if not info.is_iswa:
+            return True
+        return int(llama_cpp.llama_memory_seq_pos_min(self.memory, 0)) <= max(0, n - info.n_swa)
+
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self.model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
 

@@ -17,7 +17,7 @@ from threadpoolctl import ThreadpoolController
 
 from . import native
 from .config import SekvConfig
-from .spans import SKETCH_FIELDS, Span, factorize, sketches, weighted_mean
+from .spans import SKETCH_FIELDS, Factors, Span, factorize, sketches, weighted_mean
 
 _BLAS = ThreadpoolController()
 
@@ -152,6 +152,36 @@ class SpanStore:
         for sk in self.sketch:
             out += list(sk.values())
         return out
+
+    # -- plain data (a saved memory) -------------------------------------------------------------------------------
+
+    _STACKED = ("keys", "kmin", "kmax", "blocks", "sketch")  # per-layer lists
+
+    def to_plain(self) -> dict[str, Any]:
+        """The spans (positions, summary cell, per layer K/V factors or rows) and the routing data stacked from them,
+        as plain data; the native pointer tables are rebuilt from the spans by ``load_plain``."""
+        factors = lambda f: {k: getattr(f, k) for k in Factors.__dataclass_fields__}  # noqa: E731
+        return {"spans": [{"id": sp.id, "positions": sp.positions, "summary_cell": sp.summary_cell,
+                           "k": [factors(f) for f in sp.k], "v": [factors(f) for f in sp.v]} for sp in self.spans],
+                "lengths": self.lengths, "block_logn": self.block_logn,
+                **{name: list(getattr(self, name)) for name in self._STACKED}}
+
+    def load_plain(self, data: dict[str, Any]) -> None:
+        """Replace the contents with ``data`` (from ``to_plain`` of a store of the same shape)."""
+        self.spans = [Span(id=int(d["id"]), positions=np.asarray(d["positions"], dtype=np.int32),
+                           summary_cell=int(d["summary_cell"]), k=[Factors(**f) for f in d["k"]],
+                           v=[Factors(**f) for f in d["v"]]) for d in data["spans"]]
+        if any(len(sp.k) != self.n_layer or len(sp.v) != self.n_layer for sp in self.spans):
+            raise ValueError(f"a saved span store must hold factors for {self.n_layer} layers")
+        self.lengths = np.asarray(data["lengths"], dtype=np.float32)
+        self.block_logn = np.asarray(data["block_logn"], dtype=np.float32)
+        for name in self._STACKED:
+            setattr(self, name, list(data[name]))
+        self.tables = [native.SpanTable(self.n_head_kv, self.head_dim) for _ in range(self.n_layer)]
+        for ikv, table in enumerate(self.tables):
+            for sp in self.spans:
+                kf = sp.k[ikv]
+                table.append(sp.length, kf.raw, kf.us, kf.vt, kf.q8, kf.scale)
 
     def place_summaries(self, first: int, cells: np.ndarray) -> None:
         """Record the device cells that hold the summary rows of spans ``first, first+1, ...``."""

@@ -3,10 +3,12 @@ when the budget covers the context: test_policies.py)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 
-from conftest import prose
+from helpers import prose
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import generate, make_policy
 from sekv_gguf.errors import BudgetError
@@ -35,10 +37,10 @@ def test_full_rank_all_zoomed_equals_full(llama_model, gemma_model, which, flash
                      host_format="f16")  # full rank and fp16 rows: the host tier is exact
     policy = make_policy("sekv", model, len(toks) + 1, cc, BudgetConfig(kv_budget=2048, chunk=128), cfg)
     got = policy.prefill(toks)
-    st = policy.stats()["sekv"]
+    st = asdict(policy.stats().sekv)
     assert st["spans"] > 3 and st["span_tokens"] > len(toks) / 3
-    for ikv in range(policy.n_layer):  # every span is zoomed in every layer
-        assert len(policy.zoom.resident[ikv]) == st["spans"]
+    for ikv in range(policy.memory.store.n_layer):  # every span is zoomed in every layer
+        assert len(policy.memory.zoom.resident[ikv]) == st["spans"]
     policy.close()
     np.testing.assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max())
 
@@ -65,14 +67,14 @@ def test_a_turn_zoomed_inside_its_decode_equals_full(llama_model, gemma_model, w
     policy = make_policy("sekv", model, len(toks) + 32, cc, BudgetConfig(kv_budget=2048, chunk=128), cfg)
     try:
         policy.prefill(toks)
-        policy.zoom.forget(0)
-        assert not any(policy.zoom.resident)
+        policy.memory.zoom.forget(0)
+        assert not any(policy.memory.zoom.resident)
         decoded = policy.session.decoded_tokens
         got = policy.append(turn)
-        spans = len(policy.store)
-        assert all(len(resident) == spans for resident in policy.zoom.resident)
+        spans = len(policy.memory.store)
+        assert all(len(resident) == spans for resident in policy.memory.zoom.resident)
         assert (policy.session.decoded_tokens - decoded == len(turn)) == (routing == "layer")
-        assert policy.counters["layer_routed_turns"] == (routing == "layer")
+        assert policy.memory.counters.layer_routed_turns == (routing == "layer")
     finally:
         policy.close()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
@@ -97,13 +99,13 @@ def test_a_step_routed_inside_its_decode_equals_full(llama_model, gemma_model, w
     policy = make_policy("sekv", model, len(toks) + 32, cc, BudgetConfig(kv_budget=2048, chunk=128), cfg)
     try:
         policy.prefill(toks)
-        policy.zoom.forget(0)
+        policy.memory.zoom.forget(0)
         decoded = policy.session.decoded_tokens
         got = policy.step(nxt)
         assert policy.session.decoded_tokens - decoded == 1  # one pass either way
-        assert all(len(resident) == len(policy.store) for resident in policy.zoom.resident)
-        assert policy.counters["layer_routed_steps"] == (routing == "layer")
-        assert policy.counters["step_routes"] == 1
+        assert all(len(resident) == len(policy.memory.store) for resident in policy.memory.zoom.resident)
+        assert policy.memory.counters.layer_routed_steps == (routing == "layer")
+        assert policy.memory.counters.step.routes == 1
     finally:
         policy.close()
     if routing == "layer":
@@ -135,17 +137,17 @@ def test_compression_invariants_and_budget(llama_model):
     assert len(seen) >= len(toks) // 64 + n - 1
     assert policy.session.pos_max() == len(toks) + n - 2  # the positions ran far past the 768 cells
 
-    st = run.sekv
+    st = asdict(run.sekv)
     assert 0 < st["anchors"] <= policy.plan.anchor_cap
     assert st["spans"] > 10
     row = policy.session.hook.layers[0].k_row_bytes
-    for span in policy.store.spans:
-        raw_bytes = span.length * row * 2 * policy.n_layer  # K + V rows of every hooked layer, f16
+    for span in policy.memory.store.spans:
+        raw_bytes = span.length * row * 2 * policy.memory.store.n_layer  # K + V rows of every hooked layer, f16
         assert span.nbytes - span.positions.nbytes <= raw_bytes
         assert cfg.span_min <= span.length
         for f in span.k + span.v:
             assert f.rank <= max(cfg.r_max, span.length)
-    assert run.host_kv_bytes == sum(s.nbytes for s in policy.store.spans)
+    assert run.host_kv_bytes == sum(s.nbytes for s in policy.memory.store.spans)
     assert run.device_kv_bytes < run.full_kv_bytes
     policy.close()
 
@@ -217,7 +219,7 @@ def test_elastic_window_takes_the_free_cells_and_gives_them_back(llama_model, pr
             assert (hook.cells_pos()[policy.plan.cells:] == -1).all()
             used = int((hook.cells_pos() >= 0).sum())
             assert used <= policy.plan.cells
-            return {**policy.stats()["sekv"], "room": policy.window_room(1)}, used
+            return {**asdict(policy.stats().sekv), "room": policy.memory.window_room(1)}, used
         finally:
             policy.close()
 
@@ -246,8 +248,8 @@ def test_q8_host_tier_about_halves_host_bytes(llama_model):
             policy.close()
 
     (l16, s16), (l8, s8) = run("f16"), run("q8")
-    assert s8["sekv"]["spans"] == s16["sekv"]["spans"] > 10 and s8["sekv"]["zooms_per_step"] > 0
-    assert s8["host_kv_bytes"] < 0.65 * s16["host_kv_bytes"]
+    assert s8.sekv.spans == s16.sekv.spans > 10 and s8.sekv.zooms_per_step > 0
+    assert s8.host_kv_bytes < 0.65 * s16.host_kv_bytes
     p16, p8 = (np.exp(x - x.max()) / np.exp(x - x.max()).sum() for x in (l16.astype(np.float64), l8.astype(np.float64)))
     assert float(np.sum(p16 * np.log(p16 / p8))) < 0.05
 
@@ -271,7 +273,7 @@ def test_elastic_window_always_leaves_room_for_the_next_decode(gemma_model):
     toks = gemma_model.tokenize(prose(6 * 28000).encode(), add_bos=True, special=False)[:28000]
     policy = make_policy("sekv", gemma_model, len(toks) + 8, budget=BudgetConfig(kv_budget=0.1))
     short = []
-    maintain = policy._maintain
+    maintain = policy.memory.make_room
 
     def checked(incoming: int) -> None:
         maintain(incoming)
@@ -279,12 +281,12 @@ def test_elastic_window_always_leaves_room_for_the_next_decode(gemma_model):
         if used + incoming > policy.plan.cells:
             short.append((policy.n_prefilled, used, incoming))
 
-    policy._maintain = checked
+    policy.memory.make_room = checked
     try:
         policy.prefill(toks)
         for _ in range(4):
             policy.step(1)
         assert not short, short[:3]
-        assert policy.stats()["sekv"]["window_tokens"] > 2 * policy.plan.window
+        assert asdict(policy.stats().sekv)["window_tokens"] > 2 * policy.plan.window
     finally:
         policy.close()

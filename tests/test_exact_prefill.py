@@ -4,10 +4,12 @@ what an evaluation's runs over budgets and routers use): each compression must b
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 
-from conftest import prose
+from helpers import prose
 from sekv_gguf.config import MIB, BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
 from sekv_gguf.eval.suite import EvalConfig, run_suite
@@ -24,7 +26,7 @@ def _prefill_kind(model, toks, **params) -> dict:
                          params=SekvConfig(**params))
     try:
         policy.prefill(toks)
-        return policy.stats()["sekv"] | {"full": full_kv_bytes(policy.session, len(toks),
+        return asdict(policy.stats().sekv) | {"full": full_kv_bytes(policy.session, len(toks),
                                                                policy.session.config.n_ubatch)}
     finally:
         policy.close()
@@ -66,7 +68,7 @@ def test_a_shared_exact_pass_compresses_as_a_prefill_alone(llama_model, gemma_mo
                     steps = [int(np.argmax(logits))]
                     for _ in range(6):
                         steps.append(int(np.argmax(policy.step(steps[-1]))))
-                    got.append((logits, steps, policy.stats()["sekv"]["spans"]))
+                    got.append((logits, steps, asdict(policy.stats().sekv)["spans"]))
                 finally:
                     policy.close()
             (a, steps_a, spans_a), (b, steps_b, spans_b) = got

@@ -8,7 +8,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from conftest import prose
+from helpers import prose
 from sekv_gguf.config import BudgetConfig, SekvConfig
 from sekv_gguf.engine import make_policy
 from sekv_gguf.policies import POLICIES
@@ -92,11 +92,11 @@ def test_a_snapshot_restores_the_memory_exactly(llama_model, gemma_model, which)
         logits = policy.append(toks)
         snap = policy.snapshot()
         first = _greedy(policy, logits, 8)
-        spans = len(policy.store)
+        spans = len(policy.memory.store)
         policy.append(_tokens(model, 200, 9000))  # the memory moves on
         policy.restore(snap)
         check_invariants(policy)
-        assert policy.tokens == toks and len(policy.store) <= spans
+        assert policy.tokens == toks and len(policy.memory.store) <= spans
         again = _greedy(policy, logits, 8)
         assert again == first
         assert snap.host_bytes > 0 and snap.n_tokens == len(toks)
@@ -111,7 +111,7 @@ def test_sekv_truncate_inside_compressed_spans_redecodes_from_the_span(llama_mod
     policy = make_policy("sekv", llama_model, 2400, budget=BUDGET)
     try:
         policy.append(toks)
-        spans = policy.store.spans
+        spans = policy.memory.store.spans
         assert len(spans) > 6
         n = int(spans[len(spans) // 2].positions[10])  # inside a middle span
         start = int(spans[len(spans) // 2].positions[0])
@@ -119,12 +119,12 @@ def test_sekv_truncate_inside_compressed_spans_redecodes_from_the_span(llama_mod
         before = policy.session.decoded_tokens
         assert policy.truncate(n)
         check_invariants(policy)
-        assert policy.sentence_end.size == n  # where spans may end, as long as the memory
+        assert policy.memory.sentence_end.size == n  # where spans may end, as long as the memory
         redone = policy.session.decoded_tokens - before
         assert policy.n_tokens == n and policy.tokens == toks[:n]
         assert redone <= (n - start) + policy.config.refresh_tokens  # the span's start to n, and the tail refresh
-        assert [s.positions.tolist() for s in policy.store.spans[: len(kept)]] == kept
-        assert all(s.positions[-1] < n for s in policy.store.spans)
+        assert [s.positions.tolist() for s in policy.memory.store.spans[: len(kept)]] == kept
+        assert all(s.positions[-1] < n for s in policy.memory.store.spans)
         logits = policy.append(toks[n:])  # and it goes on
         check_invariants(policy)
         _greedy(policy, logits, 4)
@@ -137,7 +137,7 @@ def test_sekv_refuses_a_truncation_in_the_first_span(llama_model):
     policy = make_policy("sekv", llama_model, 2000, budget=BUDGET)
     try:
         policy.append(toks)
-        n = int(policy.store.spans[0].positions[3])
+        n = int(policy.memory.store.spans[0].positions[3])
         assert not policy.truncate(n)
         assert policy.tokens == toks  # nothing changed
         check_invariants(policy)
@@ -160,19 +160,19 @@ def test_a_turn_is_decoded_once_with_one_logits_row(llama_model, gemma_model, wh
         policy = make_policy("sekv", model, 2000, budget=BUDGET, params=params)
         try:
             policy.append(doc)
-            assert len(policy.store) > 0  # compressed: the turn is routed
+            assert len(policy.memory.store) > 0  # compressed: the turn is routed
             s = policy.session
-            tokens, rows, routes = s.decoded_tokens, s.output_rows, policy.counters["prompt_routes"]
-            mean = policy.segmenter.mean
+            tokens, rows, routes = s.decoded_tokens, s.output_rows, policy.memory.counters.prompt.routes
+            mean = policy.memory.segmenter.mean
             logits = policy.append(turn)
             check_invariants(policy)
-            assert policy.counters["prompt_routes"] == routes + 1
+            assert policy.memory.counters.prompt.routes == routes + 1
             cost[label] = (s.decoded_tokens - tokens, s.output_rows - rows)
             if label == "prompt":
-                assert np.unique(policy.signal_log[-20:]).size > 10  # every token's own surprisal
+                assert np.unique(policy.memory.signal_log[-20:]).size > 10  # every token's own surprisal
             else:
-                np.testing.assert_array_equal(policy.signal_log[-19:], np.float32(mean))
-                assert policy.signal_log[-20] != np.float32(mean)  # from the previous logits
+                np.testing.assert_array_equal(policy.memory.signal_log[-19:], np.float32(mean))
+                assert policy.memory.signal_log[-20] != np.float32(mean)  # from the previous logits
             _greedy(policy, logits, 3)
         finally:
             policy.close()
@@ -205,12 +205,12 @@ def test_a_turn_falls_back_to_two_passes_where_the_layer_callback_is_unsupported
         policy.append(doc)
         refused = _refuse_layer_callback(policy, monkeypatch)
         s = policy.session
-        tokens, routes = s.decoded_tokens, policy.counters["prompt_routes"]
+        tokens, routes = s.decoded_tokens, policy.memory.counters.prompt.routes
         logits = policy.append(turn)
         check_invariants(policy)
-        assert len(refused) == 1 and not policy._layer_callback
+        assert len(refused) == 1 and not policy.routing.layer_callback
         assert s.decoded_tokens - tokens > len(turn)  # decoded, routed, its tail decoded again
-        assert policy.counters["prompt_routes"] == routes + 1 and policy.counters["layer_routed_turns"] == 0
+        assert policy.memory.counters.prompt.routes == routes + 1 and policy.memory.counters.layer_routed_turns == 0
         policy.append([int(np.argmax(logits))] + turn[:5])
         assert len(refused) == 1  # not asked again
     finally:
@@ -227,11 +227,11 @@ def test_a_step_routes_after_its_decode_where_the_layer_callback_is_unsupported(
         logits = policy.append(doc)
         refused = _refuse_layer_callback(policy, monkeypatch)
         s = policy.session
-        tokens, routes = s.decoded_tokens, policy.counters["step_routes"]
+        tokens, routes = s.decoded_tokens, policy.memory.counters.step.routes
         _greedy(policy, logits, 4)
-        assert len(refused) == 1 and not policy._layer_callback
-        assert s.decoded_tokens - tokens == 4 and policy.steps == 4
-        assert policy.counters["step_routes"] == routes + 2 and policy.counters["layer_routed_steps"] == 0
+        assert len(refused) == 1 and not policy.routing.layer_callback
+        assert s.decoded_tokens - tokens == 4 and policy.memory.steps == 4
+        assert policy.memory.counters.step.routes == routes + 2 and policy.memory.counters.layer_routed_steps == 0
     finally:
         policy.close()
 
@@ -243,7 +243,7 @@ def test_a_cut_takes_no_more_anchors_than_its_allowance():
     rng = np.random.default_rng(0)
     seg = Segmenter(SekvConfig(), cap=10)
     s = rng.gamma(2.0, 1.0, size=400).astype(np.float32)
-    seg.observe(s)
+    seg.track(s)
     first = seg.cut(s[:200], allowance=3)
     assert first.anchors.size == 3 and seg.n_anchors == 3
     over = np.flatnonzero(s[:200] > seg.threshold)
@@ -253,7 +253,7 @@ def test_a_cut_takes_no_more_anchors_than_its_allowance():
     assert seg.cut(s[200:], allowance=4).anchors.size == 0  # an allowance below what is held takes none
     assert seg.cut(s[200:]).anchors.size == 5                 # no allowance: the rest of the cap
     strict = Segmenter(SekvConfig(), cap=50)
-    strict.observe(s)
+    strict.track(s)
     floor = float(np.quantile(s, 0.95))
     assert np.all(s[strict.cut(s, floor=floor).anchors] > floor)  # a floor above the threshold is the bar
 
@@ -296,12 +296,12 @@ def test_a_memory_s_spans_end_at_sentence_ends(llama_model, prefill):
             logits = policy.append(toks)
             _greedy(policy, logits, 3)
             marks = SentenceEnds(policy.session.piece)(policy.tokens) > 0.5   # [n_tokens] from the tokens
-            recorded = policy.span_ends(np.arange(policy.n_tokens))           # what the policy noted, or None
+            recorded = policy.memory.sentence_end_at(np.arange(policy.n_tokens))           # what the policy noted, or None
             if cuts == "sentence":
                 np.testing.assert_array_equal(recorded, marks)
             else:
                 assert recorded is None
-            spans = policy.store.spans
+            spans = policy.memory.store.spans
             assert len(spans) > 10
             # spans whose length range [span_min, span_max] held a sentence end; did they end at one?
             could = [s for s in spans[:-1] if marks[s.positions[0] + cfg.span_min - 1:
@@ -333,10 +333,10 @@ def test_quantile_anchors_are_among_the_most_surprising_seen(llama_model):
                          params=SekvConfig(spread_anchors="quantile", prefill="streaming"))
     try:
         policy.append(toks)
-        anchors, signal = np.sort(policy.anchors), policy.signal_log
+        anchors, signal = np.sort(policy.memory.anchors), policy.memory.signal_log
         share = policy.plan.anchor_cap / 2000
         assert anchors.size > 0 and anchors[-1] > len(toks) // 2
-        top_overall = np.quantile(signal[len(policy.sinks):], 1 - 4 * share)  # looser than the running bar
+        top_overall = np.quantile(signal[len(policy.memory.sinks):], 1 - 4 * share)  # looser than the running bar
         assert np.mean(signal[anchors] > top_overall) >= 0.9
     finally:
         policy.close()
@@ -353,7 +353,7 @@ def test_spread_anchors_keep_a_streamed_memory_s_anchors_in_proportion_to_its_le
         policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=params)
         try:
             policy.append(toks)
-            cap, anchors = policy.plan.anchor_cap, np.sort(policy.anchors)
+            cap, anchors = policy.plan.anchor_cap, np.sort(policy.memory.anchors)
             slack = BUDGET.chunk + policy.plan.cells  # a cut ends at most a chunk and the window after its tokens
             if spread:
                 for i, a in enumerate(anchors):

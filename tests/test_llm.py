@@ -6,7 +6,7 @@ from __future__ import annotations
 import llama_cpp
 import pytest
 
-from conftest import prose
+from helpers import prose
 from sekv_gguf.config import SekvConfig
 from sekv_gguf.llm import SekvLlama, UnsupportedError
 from sekv_gguf.models import default_chat_model_path
@@ -40,14 +40,14 @@ def test_turns_evaluate_only_their_new_tokens_and_long_prompts_exceed_the_cells(
         msgs = [{"role": "user", "content": f"{prose(4000, 50)}\n\nSummarise the text in one sentence."}]
         r1 = llm.create_chat_completion(msgs, temperature=0, max_tokens=16)
         assert r1["usage"]["prompt_tokens"] > llm.n_cells()  # more prompt tokens than device cells
-        assert llm.counters["evaluated_tokens"] == r1["usage"]["prompt_tokens"]
+        assert llm.counters.evaluated_tokens == r1["usage"]["prompt_tokens"]
         msgs += [r1["choices"][0]["message"], {"role": "user", "content": "Shorter."}]
         r2 = llm.create_chat_completion(msgs, temperature=0, max_tokens=8)
         new = r2["usage"]["prompt_tokens"] - r1["usage"]["prompt_tokens"]
         assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"]
-        assert llm.counters["evaluated_tokens"] <= new
-        assert llm.stats()["sekv"]["spans"] > 0
-        assert llm.memories.active.counters["layer_routed_turns"] == 1  # the turn routed inside its one decode
+        assert llm.counters.evaluated_tokens <= new
+        assert llm.stats().live.sekv.spans > 0
+        assert llm.memories.active.memory.counters.layer_routed_turns == 1  # the turn routed inside its one decode
         with pytest.raises(ValueError, match="exceed context window of 4096"):
             llm.create_completion("word " * 5000, max_tokens=4)
     finally:
@@ -119,6 +119,6 @@ def test_two_conversations_in_turn_each_find_their_memory(smol):
         rb2 = llm.create_chat_completion(b, temperature=0, max_tokens=8)
         assert rb2["usage"]["prompt_tokens_details"]["cached_tokens"] >= rb["usage"]["prompt_tokens"]
         s = llm.stats()
-        assert s["switches"] == 2 and s["saved_memories"] == 1 and s["host_bytes"] > 0
+        assert s.memories.switches == 2 and s.saved_memories == 1 and s.memories_host_bytes > 0
     finally:
         llm.close()

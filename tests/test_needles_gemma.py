@@ -32,8 +32,8 @@ def test_needles_at_quarter_budget(gemma_path):
                                  params=params)
             run = generate(policy, tokens, N_PREDICT)
             if name == "sekv":  # the hooked cache holds a quarter of the context (rounded up to 256 cells)
-                assert run.sekv["budget_cells"] <= -(-len(tokens) // 4 // 256) * 256 + 256
-                assert run.sekv["spans"] > 0 and run.device_kv_bytes < run.full_kv_bytes
+                assert run.sekv.budget_cells <= -(-len(tokens) // 4 // 256) * 256 + 256
+                assert run.sekv.spans > 0 and run.device_kv_bytes < run.full_kv_bytes
             policy.close()
             hit = needle.answer in run.text
             correct[name] += hit

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.ndimage import uniform_filter1d
 
-from conftest import prose
+from helpers import prose
 from sekv_gguf.config import BudgetConfig, SekvConfig, round_cells
 from sekv_gguf.engine import generate, make_policy
 from sekv_gguf.errors import BudgetError
@@ -37,7 +37,7 @@ def test_every_policy_with_budget_covering_context_equals_full(llama_model, gemm
     assert set(runs) >= {"full", "streaming", "h2o", "snapkv", "quest", "sekv"}
     for name, run in runs.items():
         assert run.tokens == runs["full"].tokens, name
-    assert runs["sekv"].sekv["spans"] == 0  # nothing needed compressing
+    assert runs["sekv"].sekv.spans == 0  # nothing needed compressing
 
 
 @pytest.mark.parametrize("name", ["streaming", "h2o", "snapkv", "quest", "sekv"])
@@ -63,7 +63,7 @@ def test_streaming_keeps_sinks_and_the_newest_tokens(llama_model):
     n_tail = got.size - 4
     want = np.concatenate([np.arange(4), np.arange(newest - n_tail + 1, newest + 1)])
     np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(np.sort(policy.pos), got)
+    np.testing.assert_array_equal(np.sort(policy.memory.pos), got)
     policy.close()
 
 
@@ -74,15 +74,15 @@ def test_h2o_scores_are_native_attention_and_lightest_go(llama_model):
     logits = policy.prefill(toks)
     hook = policy.session.hook
     # one decode step: its score update equals numpy's softmax attention of the captured queries
-    before = policy.score.copy()
-    n_before = policy.pos.size
-    pos_before = policy.pos.copy()
+    before = policy.memory.score.copy()
+    n_before = policy.memory.pos.size
+    pos_before = policy.memory.pos.copy()
     logits = policy.step(int(np.argmax(logits)))
-    keep = np.isin(pos_before, policy.pos)
-    delta = policy.score[: keep.sum()] - before[keep]
-    want = np.zeros(policy.pos.size)
+    keep = np.isin(pos_before, policy.memory.pos)
+    delta = policy.memory.score[: keep.sum()] - before[keep]
+    want = np.zeros(policy.memory.pos.size)
     for ikv in range(policy.n_layer):
-        k, _ = hook.get_rows(ikv, policy.cell)
+        k, _ = hook.get_rows(ikv, policy.memory.cell)
         q = hook.query(ikv).astype(np.float64)  # [n_head, d]
         hkv = k.shape[1]
         logit = np.einsum("nhd,hgd->hgn", k.astype(np.float64), q.reshape(hkv, -1, q.shape[1]))
@@ -90,9 +90,9 @@ def test_h2o_scores_are_native_attention_and_lightest_go(llama_model):
         want += (p / p.sum(-1, keepdims=True)).sum(axis=(0, 1))
     np.testing.assert_allclose(delta, want[: keep.sum()], rtol=1e-4, atol=1e-6)
     # an eviction drops exactly the lowest scores outside the sinks and the recent window
-    while policy.pos.size < policy.budget:
+    while policy.memory.pos.size < policy.budget:
         logits = policy.step(int(np.argmax(logits)))
-    scores, positions = policy.score.copy(), policy.pos.copy()
+    scores, positions = policy.memory.score.copy(), policy.memory.pos.copy()
     recent = int(policy.params.recent_share * policy.budget)
     heavy = np.arange(4, positions.size - recent)
     want_gone = positions[heavy[np.argsort(scores[heavy], kind="stable")[:8]]]
@@ -179,9 +179,9 @@ def test_quest_is_blocks_without_summary_rows(llama_model):
     policy = make_policy("quest", llama_model, len(toks) + 4, budget=BudgetConfig(kv_budget=512, chunk=128),
                          params=QuestConfig(block=16))
     generate(policy, toks, 4, stop_at_eos=False)
-    spans = policy.store.spans
+    spans = policy.memory.store.spans
     assert spans and all(s.length == 16 and s.summary_cell == -1 for s in spans)
-    assert not policy.anchors and policy.router.name == "bound"
+    assert not policy.memory.anchors and policy.router.name == "bound"
     policy.close()
 
 
@@ -189,7 +189,7 @@ def test_sentencekv_spans_are_sentences(llama_model):
     toks = _tokens(llama_model, 1500)
     policy = make_policy("sentencekv", llama_model, len(toks) + 4, budget=BudgetConfig(kv_budget=512, chunk=128))
     generate(policy, toks, 4, stop_at_eos=False)
-    spans = policy.store.spans
+    spans = policy.memory.store.spans
     assert len(spans) > 10 and all(s.summary_cell == -1 for s in spans)
     session = policy.session
     ends = 0
@@ -209,7 +209,7 @@ def test_semanticache_merges_into_cores_with_log_count_bias(llama_model):
     generate(policy, toks, 4, stop_at_eos=False)
     hook = policy.session.hook
     resident = np.flatnonzero(hook.cells_pos() >= 0)
-    assert resident.size <= 512 and policy.cores > 0 and policy.merged_tokens > 5 * policy.cores
+    assert resident.size <= 512 and policy.memory.cores > 0 and policy.memory.merged_tokens > 5 * policy.memory.cores
     for ikv in range(policy.n_layer):
         b = hook.get_bias(ikv)[resident]
         counts = np.exp(b[np.isfinite(b) & (b > 0)])
@@ -217,8 +217,8 @@ def test_semanticache_merges_into_cores_with_log_count_bias(llama_model):
     # every layer's cores account for every merged token exactly once (bias 0: a 1-member core or an unmerged token)
     for ikv in range(policy.n_layer):
         b = hook.get_bias(ikv)[resident]
-        assert int(np.round(np.exp(b[b > 0])).sum()) + int((b == 0).sum()) == policy.merged_tokens + (
-            resident.size - policy.cores)
+        assert int(np.round(np.exp(b[b > 0])).sum()) + int((b == 0).sum()) == policy.memory.merged_tokens + (
+            resident.size - policy.memory.cores)
     policy.close()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import prose
+from helpers import prose
 from sekv_gguf import native
 from sekv_gguf.config import BudgetConfig, SekvConfig
 from sekv_gguf.engine import generate, make_policy
@@ -107,16 +107,16 @@ def test_index_reads_do_not_grow_with_the_context(llama_model):
     right after the prompt scans every span once (``prompt_scan``), or verifies what fills the slots without it."""
     cfg = SekvConfig()
     small, large = _reads(llama_model, 8192, "index"), _reads(llama_model, 32768, "index")
-    assert large["spans"] > 3 * small["spans"]
+    assert large.spans > 3 * small.spans
     bound = (cfg.verify_candidates + cfg.max_new_zooms) * cfg.span_max
     for s in (small, large):
-        assert 0 < s["host_rows_read_per_route"] <= bound
-        assert s["device_rows_read_per_route"] > 0
-        assert s["host_rows_read_per_prompt_route"] >= s["span_tokens"]  # the prompt's one exact scan
-    assert large["host_rows_read_per_route"] <= 1.25 * small["host_rows_read_per_route"]
+        assert 0 < s.host_rows_read_per_route <= bound
+        assert s.device_rows_read_per_route > 0
+        assert s.host_rows_read_per_prompt_route >= s.span_tokens  # the prompt's one exact scan
+    assert large.host_rows_read_per_route <= 1.25 * small.host_rows_read_per_route
     mass = _reads(llama_model, 8192, "mass")
-    assert mass["host_rows_read_per_route"] >= mass["span_tokens"]
-    assert large["host_rows_read_per_route"] < 0.1 * large["span_tokens"]
+    assert mass.host_rows_read_per_route >= mass.span_tokens
+    assert large.host_rows_read_per_route < 0.1 * large.span_tokens
     bounded = _reads(llama_model, 32768, "index", prompt_scan=False)
-    fill = bounded["zoom_slots"] + (cfg.verify_candidates + 1) * cfg.span_max  # slots, candidates, rebuilt rows
-    assert bounded["host_rows_read_per_prompt_route"] <= fill + bounded["zoom_slots"]
+    fill = bounded.zoom_slots + (cfg.verify_candidates + 1) * cfg.span_max  # slots, candidates, rebuilt rows
+    assert bounded.host_rows_read_per_prompt_route <= fill + bounded.zoom_slots

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conftest import prose
+from helpers import prose
 from sekv_gguf.config import BudgetConfig, SekvConfig
 from sekv_gguf.engine import generate, make_policy
 from sekv_gguf.router import LowRankMassRouter
@@ -33,8 +33,8 @@ def test_two_policies_sharing_one_router_route_as_with_their_own(llama_model):
     later = _tokens(llama_model, 1500, 40000)  # more spans than the first run: its rows must not be reused
     got, got_bias = _run(llama_model, later, shared)
     want, want_bias = _run(llama_model, later)
-    assert 0 < first.sekv["spans"] < got.sekv["spans"]
-    assert got.sekv["zooms_per_step"] > 0
+    assert 0 < first.sekv.spans < got.sekv.spans
+    assert got.sekv.zooms_per_step > 0
     for ikv, (g, w) in enumerate(zip(got_bias, want_bias)):
         np.testing.assert_array_equal(g, w, err_msg=f"layer {ikv}")
     assert got.tokens == want.tokens

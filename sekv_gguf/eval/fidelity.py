@@ -12,6 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..decode import decode_loop, forced
 from ..policies import Policy
 
 
@@ -41,11 +42,9 @@ def forced_logits(policy: Policy, tokens: list[int], n_steps: int) -> Iterator[n
     steps = min(n_steps, len(tokens) - half)
     if half < 1 or steps < 1:
         raise ValueError(f"a document of {len(tokens)} tokens is too short for teacher forcing")
-    logits = policy.prefill(tokens[:half])
-    for i in range(steps):
-        yield logits
-        if i + 1 < steps:
-            logits = policy.step(tokens[half + i])
+    rows = [policy.prefill(tokens[:half])]
+    decode_loop(policy, rows[0], steps - 1, forced(tokens[half:]), after_step=lambda k, logits: rows.append(logits))
+    yield from rows
 
 
 def teacher_forced(reference: np.ndarray, policy: Policy, tokens: list[int]) -> Fidelity:

@@ -11,6 +11,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..config import BudgetConfig, ContextConfig, SekvConfig
+from ..decode import decode_loop, greedy
 from ..documents import stdlib_prose
 from ..engine import generate, make_policy
 from ..errors import SekvError
@@ -233,29 +234,21 @@ def _converse(make: Callable[[int], Any], model: Any, case: Any, doc: list[int],
     per_turn = [max(n_predict, len(model.tokenize((" " + a).encode(), add_bos=False, special=False)) + 8)
                 for _, a in turns]
     policy = make(len(doc) + sum(len(q) for q, _ in turns) + sum(per_turn))
-    eos = model.token_eos()
     outputs: list[str] = []
     t0 = time.perf_counter()
     try:
         policy.prefill(doc)
         t1 = time.perf_counter()
         for (question, _), n in zip(turns, per_turn):
-            logits = policy.append(question)
-            out: list[int] = []
-            for _ in range(n):
-                tok = int(np.argmax(logits))
-                if tok == eos:
-                    break
-                out.append(tok)
-                logits = policy.step(tok)
-            outputs.append(policy.session.text(out))
+            done = decode_loop(policy, policy.append(question), n, greedy, eos=model.token_eos())
+            outputs.append(policy.session.text(done.tokens))
         stats = policy.stats()
     finally:
         policy.close()
     hits = [answer.strip().lower() in text.strip().lower() for text, (_, answer) in zip(outputs, turns)]
     return {"output": " | ".join(outputs), "turn_outputs": outputs, "turn_hits": hits,
             "turn_depths": [t["depth"] for t in case.meta["turns"]], "score": sum(hits) / len(hits),
-            "device_kv_bytes": int(stats["device_kv_bytes"]), "host_kv_bytes": int(stats.get("host_kv_bytes", 0)),
+            "device_kv_bytes": stats.device_kv_bytes, "host_kv_bytes": stats.host_kv_bytes,
             "prefill_s": t1 - t0, "decode_s": time.perf_counter() - t1}
 
 

@@ -3,14 +3,15 @@
 Lifecycle, for every policy: ``append(tokens)`` decodes tokens after the newest (a prompt, or a turn's new part)
 and returns the next token's logits; ``step(token)`` decodes one generated token; ``truncate(n)`` keeps the first
 ``n`` tokens (False: this memory cannot, and the caller resets and appends again); ``reset()`` empties it;
-``snapshot()`` / ``restore()`` save and bring back a memory. Invariants, checked by the tests from the hook: the
+``snapshot()`` / ``restore()`` save and bring back a memory. What a policy remembers lives in one object,
+``memory`` (a ``PolicyMemory``: copied by snapshots, turned into plain data and back); the policy itself holds only
+fixed parts (its session, budget plan, settings). Invariants, checked by the tests from the hook: the
 last decode produced an output row; the sequence's largest position is ``n_tokens - 1``; the device cells never
 exceed the budget.
 """
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
 
@@ -19,11 +20,9 @@ import numpy as np
 
 from ..errors import HookStateError
 from ..session import Session
+from ..stats import PolicyStats
+from .memory_state import PolicyMemory
 from .snapshot import DeviceState, Snapshot
-
-# attributes that are a policy's fixed parts, not its memory: shared by every snapshot, never copied
-SHARED_ATTRS = ("session", "observer", "model", "ctx_config", "router", "config", "params", "plan", "hook",
-                "before_irreversible", "exact_passes")
 
 
 class Policy(ABC):
@@ -31,11 +30,13 @@ class Policy(ABC):
 
     Constructors take ``(model, n_context, ctx_config, budget, params, observer)``: the model, the most tokens the
     memory will hold, the context settings, the shared ``BudgetConfig`` and the policy's own parameters (an
-    instance of ``Params``, None for a policy without any); a policy that ``routes`` also takes a ``router``."""
+    instance of ``Config``, None for a policy without any); a policy that ``takes_router`` also takes a ``router``.
+    A constructor sets ``self.memory`` and ends with ``_init_done()``."""
 
     name: str = "policy"
-    Params: type | None = None  # the dataclass of the policy's own parameters
-    routes: bool = False        # takes a ``router`` (``sekv_gguf.router``)
+    Config: type | None = None  # the dataclass of the policy's own parameters
+    takes_router: bool = False  # its constructor takes a ``router`` (``sekv_gguf.router``)
+    memory: PolicyMemory
 
     def __init__(self, session: Session, observer: Callable[["Policy"], None] | None = None):
         self.session = session
@@ -48,7 +49,7 @@ class Policy(ABC):
 
     def _init_done(self) -> None:
         """Called at the end of a constructor: the empty memory that ``reset`` returns to."""
-        self._empty = self._state()
+        self._empty = self.memory.copy()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -106,7 +107,8 @@ class Policy(ABC):
                 hook.set_bias(ikv, np.zeros(hook.info.kv_size, dtype=np.float32))
         except HookStateError:  # the bias is off
             pass
-        self._set_state(self._empty)
+        self.memory = self._empty.copy()
+        self.tokens, self.phase, self.n_prefilled = [], "prefill", 0
 
     @abstractmethod
     def _append(self, tokens: list[int]) -> np.ndarray:
@@ -123,43 +125,26 @@ class Policy(ABC):
     def swa_covers(self, n: int) -> bool:
         """Whether the sliding-window cache of an iSWA model still holds the window before position ``n``, so that
         decoding can go on from ``n`` once later positions are removed (always true without one)."""
-        info = self.session.hook.info
-        if not info.is_iswa:
-            return True
-        return int(llama_cpp.llama_memory_seq_pos_min(self.session.memory, 0)) <= max(0, n - info.n_swa)
+        return self.session.swa_covers(n)
 
-    def cut(self, n: int) -> None:
+    def discard_from(self, n: int) -> None:
         """Remove every position >= ``n`` from the context (both caches of an iSWA model) and the token list."""
         llama_cpp.llama_memory_seq_rm(self.session.memory, 0, n, -1)
         del self.tokens[n:]
 
     # -- snapshots ---------------------------------------------------------------------------------------------
 
-    def _shared(self) -> list[Any]:
-        """Objects a copy of the bookkeeping shares instead of copying (immutable or not memory)."""
-        out = [getattr(self, a) for a in SHARED_ATTRS if hasattr(self, a)]
-        return out + [self.session.hook, self.session.model]
-
-    def _state(self) -> dict[str, Any]:
-        """A copy of the policy's bookkeeping (everything but ``SHARED_ATTRS`` and the empty state)."""
-        memo = {id(o): o for o in self._shared()}
-        own = {k: v for k, v in vars(self).items() if k not in SHARED_ATTRS and k != "_empty"}
-        return copy.deepcopy(own, memo)
-
-    def _set_state(self, state: dict[str, Any]) -> None:
-        memo = {id(o): o for o in self._shared()}
-        vars(self).update(copy.deepcopy(state, memo))
-
     def snapshot(self) -> Snapshot:
         """The memory as it is now, restorable with ``restore``."""
         device = DeviceState.take(self.session)
-        return Snapshot(tokens=list(self.tokens), device=device, state=self._state(),
+        return Snapshot(tokens=list(self.tokens), device=device, memory=self.memory.copy(),
                         host_bytes=device.nbytes + self.host_bytes)
 
     def restore(self, snap: Snapshot) -> None:
         """Bring back the memory of ``snap`` (taken from this policy)."""
         snap.device.put(self.session)
-        self._set_state(snap.state)
+        self.memory = snap.memory.copy()
+        self.tokens = list(snap.tokens)
 
     @property
     def host_bytes(self) -> int:
@@ -168,9 +153,14 @@ class Policy(ABC):
 
     # -- reporting ---------------------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    @property
+    def device_kv_bytes(self) -> int:
+        """KV bytes llama.cpp allocated for this context (the SWA cache of an iSWA model included)."""
         info = self.session.hook.info
-        return {"device_kv_bytes": info.kv_bytes + info.swa_kv_bytes}
+        return int(info.kv_bytes + info.swa_kv_bytes)
+
+    def stats(self) -> PolicyStats:
+        return PolicyStats(device_kv_bytes=self.device_kv_bytes)
 
     def notify(self) -> None:
         if self.observer is not None:

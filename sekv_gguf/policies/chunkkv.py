@@ -28,7 +28,7 @@ class ChunkKVConfig(SnapKVConfig):
 
 class ChunkKVPolicy(SnapKVPolicy):
     name = "chunkkv"
-    Params = ChunkKVConfig
+    Config = ChunkKVConfig
 
     def select(self, votes: np.ndarray, n_keep: int) -> list[np.ndarray]:
         size = self.params.chunk_size

@@ -3,7 +3,7 @@ gone for good (unlike SeKV, which keeps everything at two resolutions)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -11,8 +11,10 @@ import numpy as np
 from ..config import BudgetConfig, ContextConfig
 from ..errors import BudgetError
 from ..session import Session
+from ..stats import EvictionStats, PolicyStats
 from .base import Policy, StreamedPolicy
 from .budget import BudgetPlan
+from .memory_state import PolicyMemory
 
 
 @dataclass
@@ -32,17 +34,29 @@ class EvictionConfig:
             raise ValueError(f"chunk_share must be in (0, 1], got {self.chunk_share}")
 
 
+@dataclass
+class ResidentTokens(PolicyMemory):
+    """An eviction cache's memory: the resident tokens' positions (ascending), cells and per-token scores, and how
+    many tokens were evicted."""
+
+    pos: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))     # [n_resident]
+    cell: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))    # [n_resident]
+    score: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))  # [n_resident]
+    evicted: int = 0
+
+
 class EvictionPolicy(StreamedPolicy):
     """Tokens are decoded into a cache of ``budget`` cells; when new tokens do not fit, ``victims`` names resident
-    tokens to release (never the ``n_sink`` first tokens, never the newest one). ``observe`` runs after every
-    decode (prompt chunk or generated token) to update the policy's scores."""
+    tokens to release (never the ``n_sink`` first tokens, never the newest one). ``update_scores`` runs after every
+    decode (prompt chunk or generated token) to update the policy's scores. What it remembers is ``memory``
+    (``ResidentTokens``)."""
 
-    Params: type = EvictionConfig
+    Config: type = EvictionConfig
     needs_queries = False  # enable the hook's query capture
 
     def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,
                  params: EvictionConfig | None = None, observer: Callable[[Policy], None] | None = None):
-        self.params = params or self.Params()
+        self.params = params or self.Config()
         plan = BudgetPlan.of(budget or BudgetConfig(), n_context, chunk_share=self.params.chunk_share)
         self.plan = plan
         self.n_context, self.budget, self.fits, self.chunk = n_context, plan.cells, plan.fits, plan.chunk
@@ -55,10 +69,7 @@ class EvictionPolicy(StreamedPolicy):
         self.n_layer = self.hook.info.n_layer_kv
         if self.needs_queries and not self.fits:
             self.hook.enable_query_capture()
-        self.pos = np.zeros(0, dtype=np.int64)     # [n_resident] positions, ascending
-        self.cell = np.zeros(0, dtype=np.int32)    # [n_resident] their cells
-        self.score = np.zeros(0, dtype=np.float64)  # [n_resident] the policy's per-token score
-        self.evicted = 0
+        self.memory = ResidentTokens()
         self._init_done()
 
     # -- the rule ----------------------------------------------------------------------------------------------
@@ -68,54 +79,52 @@ class EvictionPolicy(StreamedPolicy):
         indices of evictable tokens, oldest first). Default: the oldest (StreamingLLM)."""
         return candidates[:k]
 
-    def observe(self, new: np.ndarray) -> None:
+    def update_scores(self, new: np.ndarray) -> None:
         """Called after each decode with the indices of the tokens just decoded."""
 
     # -- mechanics ---------------------------------------------------------------------------------------------
 
     def _room(self, n: int) -> None:
         """Evict until ``n`` more tokens fit (in batches of ``evict_batch`` while generating)."""
-        free = self.budget - self.pos.size
+        free = self.budget - self.memory.pos.size
         if self.fits or free >= n:
             return
-        k = max(n - free, min(self.params.evict_batch, self.pos.size - self.n_sink - 1))
-        candidates = np.arange(self.n_sink, self.pos.size - 1)  # not the sinks, not the newest token
+        k = max(n - free, min(self.params.evict_batch, self.memory.pos.size - self.n_sink - 1))
+        candidates = np.arange(self.n_sink, self.memory.pos.size - 1)  # not the sinks, not the newest token
         if candidates.size < k:
             raise BudgetError(f"cannot free {k} cells of {self.budget}: only {candidates.size} are evictable")
         self.irreversible()  # evicted tokens are gone for good
         out = np.sort(np.asarray(self.victims(k, candidates), dtype=np.int64))
         if out.size != k or np.setdiff1d(out, candidates).size:
             raise AssertionError(f"{self.name}: victims {out[:8]} are not {k} evictable tokens")
-        self.hook.release(self.cell[out])
-        keep = np.ones(self.pos.size, dtype=bool)
+        self.hook.release(self.memory.cell[out])
+        keep = np.ones(self.memory.pos.size, dtype=bool)
         keep[out] = False
-        self.pos, self.cell, self.score = self.pos[keep], self.cell[keep], self.score[keep]
-        self.evicted += k
+        self.memory.pos, self.memory.cell, self.memory.score = self.memory.pos[keep], self.memory.cell[keep], self.memory.score[keep]
+        self.memory.evicted += k
 
     def _decode(self, tokens: list[int]) -> np.ndarray:
         self._room(len(tokens))
         p0 = self.session.pos_max() + 1
         logits = self.session.decode(tokens)
         cells = self.hook.cells_from(p0)  # [n] the new tokens' cells, in position order
-        n0 = self.pos.size
-        self.pos = np.concatenate([self.pos, np.arange(p0, p0 + len(tokens))])
-        self.cell = np.concatenate([self.cell, cells])
-        self.score = np.concatenate([self.score, np.zeros(len(tokens))])
+        n0 = self.memory.pos.size
+        self.memory.pos = np.concatenate([self.memory.pos, np.arange(p0, p0 + len(tokens))])
+        self.memory.cell = np.concatenate([self.memory.cell, cells])
+        self.memory.score = np.concatenate([self.memory.score, np.zeros(len(tokens))])
         if not self.fits:
-            self.observe(np.arange(n0, self.pos.size))
+            self.update_scores(np.arange(n0, self.memory.pos.size))
         return logits
 
     def _truncate(self, n: int) -> bool:
         """Drop the resident tokens at positions >= ``n`` (those evicted before stay evicted)."""
         if not self.swa_covers(n):
             return False
-        self.cut(n)
-        keep = self.pos < n
-        self.pos, self.cell, self.score = self.pos[keep], self.cell[keep], self.score[keep]
+        self.discard_from(n)
+        keep = self.memory.pos < n
+        self.memory.pos, self.memory.cell, self.memory.score = self.memory.pos[keep], self.memory.cell[keep], self.memory.score[keep]
         return True
 
-    def stats(self) -> dict[str, Any]:
-        out = super().stats()
-        out.update({"host_kv_bytes": 0, "baseline": {"budget_cells": self.budget, "resident": int(self.pos.size),
-                                                     "evicted": self.evicted}})
-        return out
+    def stats(self) -> PolicyStats:
+        return PolicyStats(device_kv_bytes=self.device_kv_bytes, baseline=EvictionStats(
+            budget_cells=self.budget, resident=int(self.memory.pos.size), evicted=int(self.memory.evicted)))

@@ -9,6 +9,7 @@ import numpy as np
 from ..config import BudgetConfig, ContextConfig, round_cells
 from ..session import Session
 from .base import Policy
+from .memory_state import PolicyMemory
 
 
 class FullPolicy(Policy):
@@ -21,6 +22,7 @@ class FullPolicy(Policy):
                  params: None = None, observer: Callable[[Policy], None] | None = None):
         chunk = (budget or BudgetConfig()).chunk
         super().__init__(Session(model, ctx_config.sized(round_cells(n_context), chunk)), observer)
+        self.memory = PolicyMemory()  # the cache holds everything
         self._init_done()
 
     def _append(self, tokens: list[int]) -> np.ndarray:
@@ -37,5 +39,5 @@ class FullPolicy(Policy):
     def _truncate(self, n: int) -> bool:
         if not self.swa_covers(n):
             return False
-        self.cut(n)
+        self.discard_from(n)
         return True

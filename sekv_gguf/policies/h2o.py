@@ -33,19 +33,19 @@ class H2OConfig(EvictionConfig):
 
 class H2OPolicy(EvictionPolicy):
     name = "h2o"
-    Params = H2OConfig
+    Config = H2OConfig
     needs_queries = True
 
-    def observe(self, new: np.ndarray) -> None:
-        mass = np.zeros(self.pos.size, dtype=np.float32)  # [n_resident]
+    def update_scores(self, new: np.ndarray) -> None:
+        mass = np.zeros(self.memory.pos.size, dtype=np.float32)  # [n_resident]
         for ikv in range(self.n_layer):
-            k, _ = self.hook.get_rows(ikv, self.cell)  # f16 [n_resident, Hkv, d]
+            k, _ = self.hook.get_rows(ikv, self.memory.cell)  # f16 [n_resident, Hkv, d]
             native.attn_mass(self.hook.query(ikv), k, mass)
-        self.score += mass
+        self.memory.score += mass
 
     def victims(self, k: int, candidates: np.ndarray) -> np.ndarray:
         recent = int(self.params.recent_share * self.budget)
-        heavy = candidates[candidates < self.pos.size - recent]  # outside the protected recent window
+        heavy = candidates[candidates < self.memory.pos.size - recent]  # outside the protected recent window
         if heavy.size < k:  # the window must give up its oldest tokens
             return np.concatenate([heavy, np.setdiff1d(candidates, heavy)[: k - heavy.size]])
-        return heavy[np.argsort(self.score[heavy], kind="stable")[:k]]
+        return heavy[np.argsort(self.memory.score[heavy], kind="stable")[:k]]

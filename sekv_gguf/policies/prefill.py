@@ -1,7 +1,7 @@
-"""Two steps of SeKV's prefill, called from ``SekvPolicy.prefill``: the exact prefill (full attention over the whole
-prompt in a temporary full-size context — an ``ExactPass``, which ``ExactPasses`` lets several policies share —
-then segmentation and compression into the budget context: sinks, anchors and the window copied over, spans into
-the store) and the refresh of the prompt's tail after the first routing."""
+"""Two steps of SeKV's prefill, over a ``SekvMemory`` (called from ``SekvPolicy``): the exact prefill (full attention
+over the whole prompt in a temporary full-size context — an ``ExactPass``, which ``ExactPasses`` lets several
+policies share — then segmentation and compression into the budget context: sinks, anchors and the window copied
+over, spans into the store) and the refresh of the prompt's tail after the first routing."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import numpy as np
 from ..config import round_cells
 from ..session import Session, full_kv_bytes
 from ..transfer import copy_tokens
+from .sekv_memory import SekvMemory
+from .span_routing import SpanRouting
 
 
 @dataclass
@@ -85,64 +87,54 @@ class ExactPasses:
             self.last = None
 
 
-def prefill_exact(policy: Any, tokens: list[int]) -> np.ndarray:
-    """Prefill ``policy`` (a ``SekvPolicy``, called from its ``prefill``) with ``tokens`` exactly; the logits of the
-    next token. The full-attention pass comes from ``policy.exact_passes`` when it holds one for this prompt."""
-
-    def on_chunk(n_done: int) -> None:
-        policy.n_prefilled = n_done
-        policy.notify()
-
-    chunk, shared = policy.plan.config.chunk, policy.exact_passes
-    done = (shared.get(policy.model, policy.ctx_config, chunk, tokens, on_chunk) if shared is not None
-            else exact_pass(policy.model, policy.ctx_config, chunk, tokens, on_chunk))
+def prefill_exact(memory: SekvMemory, routing: SpanRouting, done: ExactPass, tokens: list[int], owned: bool,
+                  on_compress: Callable[[], None]) -> np.ndarray:
+    """Fill the empty ``memory`` from the full-attention pass ``done`` over ``tokens``: segment, copy the resident
+    tokens into the memory's context, compress the spans (``on_compress()`` first), close the pass when ``owned``;
+    route with the pass's last query; decode the tail again (``refresh_tail``). The logits of the next token."""
     try:
-        policy.n_prefilled = len(tokens)
-        policy.transient_kv_bytes = full_kv_bytes(done.session, len(tokens), done.session.config.n_ubatch)
-        policy.prev_logits = done.last_logits.copy()
-        policy.note_sentence_ends(tokens)
-        policy.phase = "compress"
-        policy.notify()
-        _transfer(policy, done.session, tokens, done.surprisal)
+        memory.transient_kv_bytes = full_kv_bytes(done.session, len(tokens), done.session.config.n_ubatch)
+        memory.prev_logits = done.last_logits.copy()
+        memory.note_sentence_ends(tokens)
+        on_compress()
+        place_exact(memory, done.session, tokens, done.surprisal)
     finally:
-        if shared is None:
+        if owned:
             done.close()
-    if len(policy.store):
-        policy.route(done.queries, prompt=True)
-    logits = refresh_tail(policy, tokens)  # also leaves the last token's logits in the policy's own context
-    policy.phase = "decode"
-    return logits
+    if len(memory.store):
+        routing.route(memory, done.queries, prompt=True)
+    return refresh_tail(memory, tokens)  # also leaves the last token's logits in the memory's own context
 
 
-def _transfer(policy: Any, full: Session, tokens: list[int], surp: np.ndarray) -> None:
-    """Segment the full context's tokens; copy the resident ones into the policy's context, compress the spans."""
+def place_exact(memory: SekvMemory, full: Session, tokens: list[int], surp: np.ndarray) -> None:
+    """Segment the full context's tokens; copy the resident ones into the memory's context, compress the spans."""
     n = surp.size
-    n_sink = min(policy.plan.config.n_sink, n)
-    window_start = max(n_sink, n - _window(policy, n))
-    signal = policy.segmenter.signal(tokens, surp, policy.session.piece)  # f32 [n], kept as a streamed one is
-    policy.signal_log = np.asarray(signal, dtype=np.float32).copy()      # (a truncation rewinds it)
-    policy.segmenter.observe(signal[n_sink:])
-    seg = policy.segmenter.cut(signal[n_sink:window_start], final=True,
-                               ends=policy.span_ends(np.arange(n_sink, window_start)))
+    n_sink = min(memory.plan.config.n_sink, n)
+    window_start = max(n_sink, n - exact_window(memory, n))
+    signal = memory.segmenter.signal(tokens, surp, memory.session.piece)  # f32 [n], kept as a streamed one is
+    memory.signal_log = np.asarray(signal, dtype=np.float32).copy()      # (a truncation rewinds it)
+    memory.segmenter.track(signal[n_sink:])
+    seg = memory.segmenter.cut(signal[n_sink:window_start], final=True,
+                               ends=memory.sentence_end_at(np.arange(n_sink, window_start)))
     anchors = n_sink + seg.anchors
     groups = [n_sink + g for g in seg.spans]
     resident = np.concatenate([np.arange(n_sink), anchors, np.arange(window_start, n)]).astype(np.int64)
-    cells = copy_tokens(full, policy.session, resident)
-    policy.swa_transferred = full.hook.info.is_iswa
-    policy.sinks = [int(p) for p in resident[:n_sink]]
-    policy.anchors = [int(p) for p in anchors]
-    policy.window.extend(np.arange(window_start, n), cells[n_sink + anchors.size:], signal[window_start:])
+    cells = copy_tokens(full, memory.session, resident)
+    memory.swa_transferred = full.hook.info.is_iswa
+    memory.sinks = [int(p) for p in resident[:n_sink]]
+    memory.anchors = [int(p) for p in anchors]
+    memory.window.extend(np.arange(window_start, n), cells[n_sink + anchors.size:], signal[window_start:])
     if groups:
         full_cells = full.hook.cells_of(n)
         span_cells = np.concatenate([full_cells[g] for g in groups])
-        policy.compress(groups, [signal[g] for g in groups], lambda ikv: full.hook.get_rows(ikv, span_cells))
+        memory.compress(groups, [signal[g] for g in groups], lambda ikv: full.hook.get_rows(ikv, span_cells))
 
 
-def _window(policy: Any, n: int) -> int:
+def exact_window(memory: SekvMemory, n: int) -> int:
     """The window an exact prefill of ``n`` tokens keeps: the budget's fixed one, or as much of the rest of the
     budget as the summaries of the spans (at most one per ``span_min`` tokens), the anchors' cap, the zoom slots and
-    a chunk's room leave (``SekvPolicy.window_room`` with the most it could hold)."""
-    plan, config = policy.plan, policy.config
+    a chunk's room leave (``SekvMemory.window_room`` with the most it could hold)."""
+    plan, config = memory.plan, memory.config
     if not config.elastic_window:
         return plan.window
     max_spans = -(-max(n - plan.config.n_sink - plan.window, 0) // config.span_min)
@@ -162,23 +154,23 @@ def chunk_starts(n: int, size: int, tail: int) -> list[int]:
     return starts
 
 
-def refresh_tail(policy: Any, tokens: list[int]) -> np.ndarray:
-    """Decode the last ``refresh_tokens`` prompt tokens of ``policy`` (a ``SekvPolicy``) again, now that the router
-    has zoomed in for the prompt's end: the question at the end of a long prompt then reads the rebuilt spans, not
-    only their summaries."""
-    p_last = policy.session.pos_max()
-    k = max(1, min(policy.config.refresh_tokens, len(tokens), len(policy.window)))
-    if policy.session.hook.info.is_iswa:
+def refresh_tail(memory: SekvMemory, tokens: list[int]) -> np.ndarray:
+    """Decode the last ``refresh_tokens`` prompt tokens of ``memory`` again, now that the router has zoomed in for
+    the prompt's end: the question at the end of a long prompt then reads the rebuilt spans, not only their
+    summaries."""
+    session, window = memory.session, memory.window
+    p_last = session.pos_max()
+    k = max(1, min(memory.config.refresh_tokens, len(tokens), len(window)))
+    if session.hook.info.is_iswa:
         # the sliding-window cache must still hold the window before the tail: llama.cpp keeps n_swa positions
         # before the last ubatch, but a cache moved over with the state API holds only the last n_swa positions
-        k = min(k, 1 if policy.swa_transferred else policy.last_ubatch)
+        k = min(k, 1 if memory.swa_transferred else memory.last_ubatch)
     p0 = p_last - k + 1
-    assert policy.window.pos[-k] == p0 and policy.window.pos[-1] == p_last
-    llama_cpp.llama_memory_seq_rm(policy.session.memory, 0, p0, -1)
-    signal = policy.window.signal[-k:]
-    policy.window.drop_newest(k)
-    out = policy.session.decode(tokens[-k:], pos0=p0)
-    policy.window.extend(np.arange(p0, p_last + 1), policy.session.hook.cells_from(p0), signal)
-    policy.prev_logits = out.copy()
-    policy.notify()
+    assert window.pos[-k] == p0 and window.pos[-1] == p_last
+    llama_cpp.llama_memory_seq_rm(session.memory, 0, p0, -1)
+    signal = window.signal[-k:]
+    window.drop_newest(k)
+    out = session.decode(tokens[-k:], pos0=p0)
+    window.extend(np.arange(p0, p_last + 1), session.hook.cells_from(p0), signal)
+    memory.prev_logits = out.copy()
     return out

@@ -30,7 +30,7 @@ class PyramidKVConfig(SnapKVConfig):
 
 class PyramidKVPolicy(SnapKVPolicy):
     name = "pyramidkv"
-    Params = PyramidKVConfig
+    Config = PyramidKVConfig
 
     def select(self, votes: np.ndarray, n_keep: int) -> list[np.ndarray]:
         n_layer, n_prefix = votes.shape

@@ -42,8 +42,8 @@ class QuestConfig:
 
 class QuestPolicy(SekvPolicy):
     name = "quest"
-    Params = QuestConfig
-    routes = False
+    Config = QuestConfig
+    takes_router = False  # its router is part of what it is
     stats_key = "baseline"  # reported as a baseline, not as SeKV
 
     def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,

@@ -13,7 +13,7 @@ prompt chunk."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -23,8 +23,10 @@ from ..config import BudgetConfig, ContextConfig
 from ..errors import BudgetError
 from ..segment import SentenceSegmenter
 from ..session import Session
+from ..stats import MergeStats, PolicyStats
 from .base import Policy, StreamedPolicy
 from .budget import BudgetPlan
+from .memory_state import PolicyMemory
 from .window import Window
 
 NEG_INF = float("-inf")
@@ -45,9 +47,20 @@ class SemantiCacheConfig:
             raise ValueError(f"span_max and max_sentences must be >= 1 and delimiters non-empty, got {self}")
 
 
+@dataclass
+class MergedCores(PolicyMemory):
+    """SemantiCache's memory: sinks taken, the recent window (signal: 1 where a token ends a sentence), merged cores
+    and the tokens merged into them."""
+
+    n_sinks: int = 0
+    window: Window = field(default_factory=Window)
+    cores: int = 0
+    merged_tokens: int = 0
+
+
 class SemantiCachePolicy(StreamedPolicy):
     name = "semanticache"
-    Params = SemantiCacheConfig
+    Config = SemantiCacheConfig
 
     def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,
                  params: SemantiCacheConfig | None = None, observer: Callable[[Policy], None] | None = None):
@@ -67,28 +80,25 @@ class SemantiCachePolicy(StreamedPolicy):
         if not self.fits:
             self.hook.enable_bias()
         self.segmenter = SentenceSegmenter(params.span_max, params.delimiters)
-        self.n_sinks = 0
-        self.window = Window()  # signal: 1 where the token ends a sentence
-        self.cores = 0
-        self.merged_tokens = 0
+        self.memory = MergedCores()
         self._init_done()
 
     def _decode(self, tokens: list[int]) -> np.ndarray:
         p0 = self.session.pos_max() + 1
         logits = self.session.decode(tokens)
         cells = self.hook.cells_from(p0)  # [n] the new tokens' cells, in position order
-        n_sink = min(self.n_sink - self.n_sinks, len(tokens)) if not len(self.window) else 0
-        self.n_sinks += n_sink
+        n_sink = min(self.n_sink - self.memory.n_sinks, len(tokens)) if not len(self.memory.window) else 0
+        self.memory.n_sinks += n_sink
         ends = self.segmenter.signal(tokens, None, self.session.piece)  # [n] 1 at delimiters
-        self.window.extend(np.arange(p0 + n_sink, p0 + len(tokens)), cells[n_sink:], ends[n_sink:])
+        self.memory.window.extend(np.arange(p0 + n_sink, p0 + len(tokens)), cells[n_sink:], ends[n_sink:])
         self._maintain()
         return logits
 
     def _maintain(self) -> None:
-        over = len(self.window) - self.plan.window
+        over = len(self.memory.window) - self.plan.window
         if self.fits or over <= 0:
             return
-        seg = self.segmenter.cut(self.window.signal[:over])
+        seg = self.segmenter.cut(self.memory.window.signal[:over])
         groups: list[np.ndarray] = []
         pending: list[np.ndarray] = []
         for span in seg.spans:  # join sentences until a chunk holds at least min_chunk tokens
@@ -101,10 +111,10 @@ class SemantiCachePolicy(StreamedPolicy):
         done = int(groups[-1][-1]) + 1  # window indices [0, done) are merged
         self.irreversible()  # a merge is final
         self._merge(groups)
-        self.window.drop_oldest(done)
+        self.memory.window.drop_oldest(done)
 
     def _merge(self, groups: list[np.ndarray]) -> None:
-        cells = self.window.cell
+        cells = self.memory.window.cell
         all_cells = np.concatenate([cells[g] for g in groups])
         n_cores = [max(1, int(self.ratio * g.size)) for g in groups]
         rows_k, rows_v, bias = [], [], []  # per layer: f16 [sum cores, Hkv*d] and f32 [sum cores]
@@ -136,26 +146,24 @@ class SemantiCachePolicy(StreamedPolicy):
         if free.size < total:
             raise BudgetError(f"no room for {total} merged cells within the budget of {self.budget}")
         free = free[:total]
-        positions = np.repeat([int(self.window.pos[int(g[-1])]) for g in groups], n_cores)
+        positions = np.repeat([int(self.memory.window.pos[int(g[-1])]) for g in groups], n_cores)
         self.hook.claim(free, positions)
         for ikv in range(self.n_layer):
             self.hook.set_rows(ikv, free, rows_k[ikv], rows_v[ikv])
             self.hook.set_bias_cells(ikv, free, bias[ikv])
-        self.cores += total
-        self.merged_tokens += int(all_cells.size)
+        self.memory.cores += total
+        self.memory.merged_tokens += int(all_cells.size)
 
     def _truncate(self, n: int) -> bool:
         """Within the recent window only: merged cores are final."""
-        w = self.window
+        w = self.memory.window
         if not len(w) or n < w.pos[0] or not self.swa_covers(n):
             return False
-        self.cut(n)
+        self.discard_from(n)
         w.keep(np.flatnonzero(w.pos < n))
         return True
 
-    def stats(self) -> dict[str, Any]:
-        out = super().stats()
-        out.update({"host_kv_bytes": 0, "baseline": {"budget_cells": self.budget, "cores": self.cores,
-                                                     "merged_tokens": self.merged_tokens,
-                                                     "merge_ratio": self.ratio}})
-        return out
+    def stats(self) -> PolicyStats:
+        return PolicyStats(device_kv_bytes=self.device_kv_bytes, baseline=MergeStats(
+            budget_cells=self.budget, cores=self.memory.cores, merged_tokens=self.memory.merged_tokens,
+            merge_ratio=self.ratio))

@@ -40,8 +40,8 @@ class SentenceKVConfig:
 
 class SentenceKVPolicy(SekvPolicy):
     name = "sentencekv"
-    Params = SentenceKVConfig
-    routes = False
+    Config = SentenceKVConfig
+    takes_router = False  # its router is part of what it is
     stats_key = "baseline"  # reported as a baseline, not as SeKV
 
     def __init__(self, model: Any, n_context: int, ctx_config: ContextConfig, budget: BudgetConfig | None = None,

@@ -42,7 +42,7 @@ class SnapKVConfig(EvictionConfig):
 
 class SnapKVPolicy(EvictionPolicy):
     name = "snapkv"
-    Params = SnapKVConfig
+    Config = SnapKVConfig
 
     def pooled(self, votes: np.ndarray) -> np.ndarray:
         """Average-pooled votes [n_prefix] (float64) with the sinks forced in."""
@@ -85,10 +85,10 @@ class SnapKVPolicy(EvictionPolicy):
             if union.size > n_keep:
                 raise AssertionError(f"{self.name}: selected {union.size} prefix tokens for {n_keep} cells")
             keep = np.concatenate([union, np.arange(n_prefix, len(tokens))])
-            self.cell = copy_tokens(full, self.session, keep)
-            self.pos = keep.astype(np.int64)
-            self.score = np.zeros(keep.size)
-            self.evicted = len(tokens) - keep.size
+            self.memory.cell = copy_tokens(full, self.session, keep)
+            self.memory.pos = keep.astype(np.int64)
+            self.memory.score = np.zeros(keep.size)
+            self.memory.evicted = len(tokens) - keep.size
             self._mask_layers(union, per_layer)
         finally:
             full.close()
@@ -103,4 +103,4 @@ class SnapKVPolicy(EvictionPolicy):
         self.hook.enable_bias()
         for ikv, m in enumerate(masks):
             if m.size:
-                self.hook.set_bias_cells(ikv, self.cell[m], float("-inf"))
+                self.hook.set_bias_cells(ikv, self.memory.cell[m], float("-inf"))

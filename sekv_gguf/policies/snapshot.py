@@ -1,19 +1,19 @@
 """Snapshots of a policy's memory, restorable into the same policy: the device cells of the hooked cache (rows,
-positions, per-layer bias), the sliding-window cache of an iSWA model, and the policy's own bookkeeping. Span
-factors in host memory are immutable and shared with the live memory, not copied. What a conversation memory, a
+positions, per-layer bias), the sliding-window cache of an iSWA model, and a copy of the policy's memory object
+(``PolicyMemory``). Span factors in host memory are immutable and shared with the live memory, not copied. What a conversation memory, a
 prompt checkpoint and the LRU of memories are made of (``sekv_gguf.memory``)."""
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any
 
 import llama_cpp
 import numpy as np
 
 from ..errors import HookStateError
 from ..session import Session
+from .memory_state import PolicyMemory
 
 
 @dataclass
@@ -72,11 +72,11 @@ class DeviceState:
 
 @dataclass
 class Snapshot:
-    """A policy's memory of ``tokens``: its device state and a copy of its bookkeeping (``Policy.snapshot``)."""
+    """A policy's memory of ``tokens``: its device state and a copy of its memory object (``Policy.snapshot``)."""
 
     tokens: list[int]
     device: DeviceState
-    state: dict[str, Any]
+    memory: PolicyMemory
     host_bytes: int  # bytes this snapshot holds in host memory (its device copy, bookkeeping and the spans it keeps)
 
     @property

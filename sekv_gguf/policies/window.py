@@ -3,16 +3,23 @@ signal (surprisal, or 1 at a sentence end), oldest first. One structure instead 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 
+@dataclass
 class Window:
     """pos int64 [n], cell int32 [n], signal float32 [n] of the window's tokens, in position order."""
 
-    def __init__(self) -> None:
-        self.pos = np.zeros(0, dtype=np.int64)
-        self.cell = np.zeros(0, dtype=np.int32)
-        self.signal = np.zeros(0, dtype=np.float32)
+    pos: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    cell: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    signal: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+
+    def __post_init__(self) -> None:
+        self.pos = np.asarray(self.pos, dtype=np.int64)
+        self.cell = np.asarray(self.cell, dtype=np.int32)
+        self.signal = np.asarray(self.signal, dtype=np.float32)
 
     def __len__(self) -> int:
         return int(self.pos.size)

@@ -50,6 +50,20 @@ class ZoomSlots:
         self.hook.claim(self.slots, np.zeros(self.slots.size, dtype=np.int32))
         self.hook.set_bias_cells(-1, self.slots, NEG_INF)
 
+    def to_plain(self) -> dict:
+        """The slots' cells, per layer which span sits in which slots and when it was last chosen, the counters."""
+        return {"slots": self.slots, "resident": [{int(k): v for k, v in r.items()} for r in self.resident],
+                "last_use": [dict(u) for u in self.last_use], "zooms": self.zooms,
+                "rebuilt_rows": self.rebuilt_rows, "changes": self.changes}
+
+    def load_plain(self, data: dict) -> None:
+        self.slots = np.asarray(data["slots"], dtype=np.int32)
+        self.resident = [{int(k): np.asarray(v, dtype=np.int64) for k, v in r.items()} for r in data["resident"]]
+        self.last_use = [{int(k): int(v) for k, v in u.items()} for u in data["last_use"]]
+        if len(self.resident) != len(self.last_use):
+            raise ValueError("saved zoom slots: resident and last_use differ in layers")
+        self.zooms, self.rebuilt_rows, self.changes = int(data["zooms"]), int(data["rebuilt_rows"]), int(data["changes"])
+
     def forget(self, first: int) -> None:
         """Spans ``first, first+1, ...`` are gone (a rollback): free their slots in every layer."""
         for ikv, resident in enumerate(self.resident):

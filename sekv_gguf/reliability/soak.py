@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..config import BudgetConfig, ContextConfig, SekvConfig
+from ..decode import decode_loop, greedy
 from ..documents import stdlib_prose
 from ..engine import make_policy
 from ..session import full_kv_bytes
@@ -59,18 +60,16 @@ def _run(model: Any, cfg: SoakConfig, progress: Callable[[int], None] | None) ->
                          BudgetConfig(kv_budget=cfg.budget), SekvConfig(route_every=cfg.route_every))
     every = max(1, cfg.steps // cfg.samples)
     samples: list[dict[str, int]] = []
-    out: list[int] = []
     t0 = time.perf_counter()
+
+    def sample(k: int, logits: np.ndarray) -> None:
+        if k % every == 0:
+            samples.append({"step": k, "rss": rss_bytes(os.getpid()), "host": int(policy.host_bytes)})
+            if progress:
+                progress(k)
+
     try:
-        logits = policy.prefill(tokens)
-        for i in range(cfg.steps):
-            tok = int(np.argmax(logits))
-            out.append(tok)
-            logits = policy.step(tok)
-            if (i + 1) % every == 0:
-                samples.append({"step": i + 1, "rss": rss_bytes(os.getpid()), "host": int(policy.host_bytes)})
-                if progress:
-                    progress(i + 1)
+        out = decode_loop(policy, policy.prefill(tokens), cfg.steps, greedy, after_step=sample).tokens
         stats = policy.stats()
         full = full_kv_bytes(policy.session, n_ctx, policy.session.config.n_ubatch)
     finally:
@@ -90,7 +89,7 @@ def decode_soak(model: Any, cfg: SoakConfig = SoakConfig(),
     last = s[-1]
     other_growth = (last["rss"] - last["host"]) - (warm["rss"] - warm["host"])  # growth not in the host tier
     digest = lambda toks: hashlib.sha256(np.asarray(toks, dtype=np.int32).tobytes()).hexdigest()[:16]  # noqa: E731
-    sekv = first["stats"].get("sekv") or {}
+    sekv = first["stats"].sekv
     return {"steps": cfg.steps, "prompt_tokens": cfg.prompt_tokens, "budget": cfg.budget,
             "route_every": cfg.route_every, "seconds": round(first["seconds"], 1),
             "rss_warm_bytes": warm["rss"], "rss_end_bytes": last["rss"],
@@ -98,8 +97,9 @@ def decode_soak(model: Any, cfg: SoakConfig = SoakConfig(),
             "rss_growth_outside_host_tier": round(other_growth / warm["rss"], 4),
             "host_over_full_kv": round(last["host"] / first["full_kv_bytes"], 4),
             "same_tokens_on_rerun": first["tokens"] == second["tokens"],
-            "tokens_sha256": digest(first["tokens"]), "spans": sekv.get("spans"),
-            "route_ms_per_step": sekv.get("route_ms_per_step"), "zooms_per_step": sekv.get("zooms_per_step"),
+            "tokens_sha256": digest(first["tokens"]), "spans": sekv.spans if sekv else None,
+            "route_ms_per_step": sekv.route_ms_per_step if sekv else None,
+            "zooms_per_step": sekv.zooms_per_step if sekv else None,
             "samples": s}
 
 
@@ -114,9 +114,7 @@ def open_close_soak(model: Any, cfg: SoakConfig = SoakConfig(),
         policy = make_policy("sekv", model, len(tokens) + cfg.cycle_steps + 1, ContextConfig(n_threads=cfg.threads),
                              BudgetConfig(kv_budget=0.5), SekvConfig())
         try:
-            logits = policy.prefill(tokens)
-            for _ in range(cfg.cycle_steps):
-                logits = policy.step(int(np.argmax(logits)))
+            decode_loop(policy, policy.prefill(tokens), cfg.cycle_steps, greedy)
         finally:
             policy.close()
         if i + 1 == warm_at:
