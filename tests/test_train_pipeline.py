@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from conftest import prose
+from helpers import prose
 from sekv_gguf.adapter import read_adapter
 from sekv_gguf.cli import main
-from sekv_gguf.config import SekvConfig
+from sekv_gguf.config import BudgetConfig, SekvConfig
+from sekv_gguf.engine import make_policy
 from sekv_gguf.session import load_model
 from sekv_gguf.train.capture import CaptureConfig, capture
 
@@ -23,7 +24,7 @@ def _lse(x: np.ndarray, axis: int = -1) -> np.ndarray:
 def test_capture_shapes_masses_and_labels(tiny_llama):
     model = load_model(tiny_llama)
     tokens = model.tokenize(prose(9000).encode(), add_bos=True, special=False)[:1500]
-    cap = CaptureConfig(n_queries=6, window=128)
+    cap = CaptureConfig(n_queries=6)
     c = capture(model, tokens, SekvConfig(), cap)
     n_layer, s = int(c["n_layer"]), c["lengths"].size
     assert n_layer == 2 and s > 10
@@ -41,6 +42,24 @@ def test_capture_shapes_masses_and_labels(tiny_llama):
         # a minimal label set: dropping the smallest labelled span falls below 90%
         smallest = np.where(y > 0, share, np.inf).min(axis=2)
         assert ((covered * share.sum(axis=2) - smallest) / share.sum(axis=2) < cap.label_mass + 1e-9).all()
+
+
+def test_capture_cuts_the_spans_the_engine_cuts(tiny_llama):
+    """The router's teacher data is cut as the engine cuts: the same budget over the same document gives the spans
+    an exact prefill of the document's first part makes (positions and lengths), anchors capped by the budget."""
+    model = load_model(tiny_llama)
+    tokens = model.tokenize(prose(9000, offset=1000).encode(), add_bos=True, special=False)[:1500]
+    sekv, budget = SekvConfig(prefill="exact"), BudgetConfig(kv_budget=0.25, chunk=128)
+    c = capture(model, tokens, sekv, CaptureConfig(n_queries=6), budget=budget)
+    policy = make_policy("sekv", model, len(tokens), budget=budget, params=sekv)
+    try:
+        policy.prefill(tokens[:-6])
+        spans = policy.memory.store.spans
+        assert len(spans) > 10 and policy.memory.anchors
+        assert [int(s.positions[0]) for s in spans] == c["span_starts"].tolist()
+        assert [s.length for s in spans] == c["lengths"].astype(int).tolist()
+    finally:
+        policy.close()
 
 
 def test_train_command_writes_an_adapter_the_engine_uses(tiny_llama, tiny_gemma, tmp_path, capsys):

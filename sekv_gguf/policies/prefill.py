@@ -14,6 +14,7 @@ import numpy as np
 from ..config import round_cells
 from ..session import Session, full_kv_bytes
 from ..transfer import copy_tokens
+from .prompt_cut import cut_prompt
 from .sekv_memory import SekvMemory
 from .span_routing import SpanRouting
 
@@ -107,39 +108,23 @@ def prefill_exact(memory: SekvMemory, routing: SpanRouting, done: ExactPass, tok
 
 
 def place_exact(memory: SekvMemory, full: Session, tokens: list[int], surp: np.ndarray) -> None:
-    """Segment the full context's tokens; copy the resident ones into the memory's context, compress the spans."""
+    """Cut the full context's tokens (``prompt_cut.cut_prompt``); copy the resident ones into the memory's context,
+    compress the spans."""
     n = surp.size
-    n_sink = min(memory.plan.config.n_sink, n)
-    window_start = max(n_sink, n - exact_window(memory, n))
     signal = memory.segmenter.signal(tokens, surp, memory.session.piece)  # f32 [n], kept as a streamed one is
     memory.signal_log = np.asarray(signal, dtype=np.float32).copy()      # (a truncation rewinds it)
-    memory.segmenter.track(signal[n_sink:])
-    seg = memory.segmenter.cut(signal[n_sink:window_start], final=True,
-                               ends=memory.sentence_end_at(np.arange(n_sink, window_start)))
-    anchors = n_sink + seg.anchors
-    groups = [n_sink + g for g in seg.spans]
-    resident = np.concatenate([np.arange(n_sink), anchors, np.arange(window_start, n)]).astype(np.int64)
+    cut = cut_prompt(memory.segmenter, signal, memory.plan, memory.config, memory.sentence_end_at(np.arange(n)))
+    n_sink, anchors, groups = cut.n_sink, cut.anchors, cut.spans
+    resident = np.concatenate([np.arange(n_sink), anchors, np.arange(cut.window_start, n)]).astype(np.int64)
     cells = copy_tokens(full, memory.session, resident)
     memory.swa_transferred = full.hook.info.is_iswa
     memory.sinks = [int(p) for p in resident[:n_sink]]
     memory.anchors = [int(p) for p in anchors]
-    memory.window.extend(np.arange(window_start, n), cells[n_sink + anchors.size:], signal[window_start:])
+    memory.window.extend(np.arange(cut.window_start, n), cells[n_sink + anchors.size:], signal[cut.window_start:])
     if groups:
         full_cells = full.hook.cells_of(n)
         span_cells = np.concatenate([full_cells[g] for g in groups])
         memory.compress(groups, [signal[g] for g in groups], lambda ikv: full.hook.get_rows(ikv, span_cells))
-
-
-def exact_window(memory: SekvMemory, n: int) -> int:
-    """The window an exact prefill of ``n`` tokens keeps: the budget's fixed one, or as much of the rest of the
-    budget as the summaries of the spans (at most one per ``span_min`` tokens), the anchors' cap, the zoom slots and
-    a chunk's room leave (``SekvMemory.window_room`` with the most it could hold)."""
-    plan, config = memory.plan, memory.config
-    if not config.elastic_window:
-        return plan.window
-    max_spans = -(-max(n - plan.config.n_sink - plan.window, 0) // config.span_min)
-    held = plan.config.n_sink + plan.anchor_cap + max_spans + plan.n_zoom
-    return max(plan.window, plan.cells - held - plan.chunk - config.span_min - config.span_max)
 
 
 def chunk_starts(n: int, size: int, tail: int) -> list[int]:

@@ -1,8 +1,9 @@
 """Teacher capture: run full KV on a training document and record, at query positions with long-range dependence,
 what the router student trains on (``student.Batch`` per hooked layer and query head), saved with numpy.
 
-The document's first part is prefilled (surprisal from the chunk logits); it is segmented like SeKV does (sinks,
-capped anchors, surprisal spans, a recent window). The last ``n_queries`` tokens are then decoded one by one; after
+The document's first part is prefilled (surprisal from the chunk logits) and cut exactly as the engine's exact
+prefill cuts it for the same budget (``policies.prompt_cut``: sinks, anchors capped at the budget's share, spans, the
+window the budget leaves). The last ``n_queries`` tokens are then decoded one by one; after
 each, the hook gives every hooked layer's query, and the full attention logits over all earlier tokens are computed
 from it and the cache rows: per span the logsumexp of its tokens' logits (``l_true``), the summary row's logit
 ``q·k̄ + log|S|`` (``l_sum``), and the logsumexp of everything else (``l_rest``). Queries whose spans hold less than
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import BudgetConfig, ContextConfig, SekvConfig, round_cells
+from ..policies.budget import BudgetPlan
+from ..policies.prompt_cut import cut_prompt
 from ..segment import Segmenter, span_ends
 from ..session import Session
 from ..spans import sketches, weighted_mean
@@ -24,14 +27,13 @@ from ..spans import sketches, weighted_mean
 
 @dataclass
 class CaptureConfig:
-    """n_queries: decoded positions per document; window: recent tokens kept exact (not in spans);
+    """n_queries: decoded positions per document (the engine's window, sinks and anchors are cut as the engine cuts);
     min_span_mass: smallest share of a query's attention on spans to keep it; label_mass: share of the span mass
     the labelled spans cover; spread_rank: principal directions of each span's keys kept for the student
     (``spans.spread``); n_centroids, kmeans_iters: ``spans.centroids`` of each span's keys; min_spans: a document
     must leave room for at least this many longest spans before its window."""
 
     n_queries: int = 48
-    window: int = 256
     min_span_mass: float = 0.2
     label_mass: float = 0.9
     spread_rank: int = 8
@@ -40,7 +42,7 @@ class CaptureConfig:
     min_spans: int = 4
 
     def __post_init__(self) -> None:
-        if self.n_queries < 1 or self.window < 1 or not 0 <= self.min_span_mass < 1 or not 0 < self.label_mass <= 1 \
+        if self.n_queries < 1 or not 0 <= self.min_span_mass < 1 or not 0 < self.label_mass <= 1 \
                 or self.spread_rank < 1 or self.n_centroids < 1 or self.kmeans_iters < 0 or self.min_spans < 1:
             raise ValueError(f"bad capture config {self}")
 
@@ -55,21 +57,24 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
     """Arrays per hooked layer ``ikv``: q{ikv} [N, H, d], keys{ikv} [S, Hkv, d], dirs{ikv} [S, Hkv, r, d],
     var{ikv}, lo{ikv}, hi{ikv} [S, Hkv, r] (``spans.spread``), kmin{ikv} / kmax{ikv} [S, Hkv, d] (channel-wise),
     mu{ikv} [S, Hkv, c, d] and logw{ikv} [S, Hkv, c] (``spans.centroids``), l_true{ikv} [N, H, S], l_sum{ikv}
-    [N, H, S], l_rest{ikv} [N, H], y{ikv} [N, H, S]; and lengths [S]."""
+    [N, H, S], l_rest{ikv} [N, H], y{ikv} [N, H, S]; lengths [S] and span_starts [S] (each span's first
+    position). The document is cut as an engine with ``budget`` over a context of its tokens cuts its first part."""
     ctx_config, budget = ctx_config or ContextConfig(), budget or BudgetConfig()
     n = len(tokens)
     n_pre = n - cap.n_queries
-    if n_pre < budget.n_sink + cap.window + cap.min_spans * sekv.span_max:
-        raise ValueError(f"a document of {n} tokens is too short to capture from")
+    plan = BudgetPlan.of(budget, n, sekv.zoom_share, sekv.anchor_share, sekv.compress_when_fits)
+    if plan.fits:
+        raise ValueError(f"a budget of {plan.cells} cells holds the whole document of {n} tokens: nothing is "
+                         f"compressed, nothing to capture")
     s = Session(model, ctx_config.sized(round_cells(n), budget.chunk))
     try:
         s.hook.enable_query_capture()
         surp, _ = s.decode_scored(tokens[:n_pre], None)
-        n_sink = budget.n_sink
-        seg = Segmenter(sekv, int(sekv.anchor_share * n)).cut(
-            surp[n_sink:n_pre - cap.window], final=True,
-            ends=span_ends(sekv, s.piece, tokens[n_sink:n_pre - cap.window]))
-        spans = [n_sink + g for g in seg.spans]
+        spans = cut_prompt(Segmenter(sekv, plan.anchor_cap), surp, plan, sekv,
+                           span_ends(sekv, s.piece, tokens[:n_pre])).spans
+        if len(spans) < cap.min_spans:
+            raise ValueError(f"a document of {n} tokens is too short to capture from ({len(spans)} spans at a budget "
+                             f"of {plan.cells} cells, at least {cap.min_spans} needed)")
         lengths = np.array([g.size for g in spans], dtype=np.float64)
         in_span = np.full(n, -1, dtype=np.int64)
         for i, g in enumerate(spans):
@@ -123,6 +128,7 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
             result[f"kmin{ikv}"] = np.stack([p.min(axis=0) for p in parts]).astype(np.float32)  # [S, Hkv, d]
             result[f"kmax{ikv}"] = np.stack([p.max(axis=0) for p in parts]).astype(np.float32)
         result["lengths"] = lengths
+        result["span_starts"] = np.array([g[0] for g in spans], dtype=np.int64)
         result["n_layer"] = np.array(n_layer)
         return result
     finally:
