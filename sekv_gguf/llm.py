@@ -56,7 +56,7 @@ class _ContextView:
         return self._llm.memories.active.session.ctx
 
     def n_ctx(self) -> int:
-        return self._llm._n_ctx
+        return self._llm._logical
 
     def kv_cache_seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         return self._llm._truncate(p0)
@@ -140,6 +140,7 @@ class SekvLlama(llama_cpp.Llama):
         logical = n_ctx or n_train
         if n_train > 0 and logical > n_train:
             raise ValueError(f"n_ctx {logical} exceeds the model's training context of {n_train}")
+        # the logical context in tokens (device cells are n_cells()); llama-cpp-python's Llama reads it as _n_ctx
         self._n_ctx = self._logical = logical
         self.input_ids = np.zeros(logical, dtype=np.intc)
         self.policy_name = policy
@@ -180,8 +181,8 @@ class SekvLlama(llama_cpp.Llama):
             self._phase = "generate"
             return
         n0 = self.n_tokens
-        if n0 + len(tokens) > self._n_ctx:
-            raise ValueError(f"Requested tokens ({n0 + len(tokens)}) exceed context window of {self._n_ctx}")
+        if n0 + len(tokens) > self._logical:
+            raise ValueError(f"Requested tokens ({n0 + len(tokens)}) exceed context window of {self._logical}")
         try:
             if self._phase == "prompt":
                 self.counters.cached_tokens = n0
@@ -274,7 +275,7 @@ class SekvLlama(llama_cpp.Llama):
         except ValueError as e:
             if str(e).startswith("Requested tokens"):  # upstream names the device cells, not the logical limit
                 n = str(e).split("(")[1].split(")")[0]
-                raise ValueError(f"Requested tokens ({n}) exceed context window of {self._n_ctx}") from None
+                raise ValueError(f"Requested tokens ({n}) exceed context window of {self._logical}") from None
             raise
         finally:
             self._logits_all = False
@@ -347,7 +348,7 @@ class SekvLlama(llama_cpp.Llama):
     def stats(self) -> LlmStats:
         """Device and host bytes, the live memory's size and spans, the last request's counters."""
         live = self.memories.live
-        return LlmStats(policy=self.policy_name, n_ctx=self._n_ctx, device_cells=self.n_cells(),
+        return LlmStats(policy=self.policy_name, n_ctx=self._logical, device_cells=self.n_cells(),
                         tokens=live.n_tokens, memories_host_bytes=self.memories.host_bytes,
                         saved_memories=len(self.memories.saved), request=replace(self.counters),
                         memories=replace(self.memories.counters), live=live.stats())
