@@ -1,46 +1,21 @@
-"""Shared fixtures: tiny random-weight GGUF models (written once per session) and the real Gemma 3 270M."""
+"""Shared fixtures: tiny random-weight GGUF models (written once per session), the real Gemma 3 270M, sessions and a
+server. Plain helpers (shapes, text, reference logits, ``start_server``) are in ``helpers.py``."""
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-import numpy as np
 import pytest
 
+from helpers import GEMMA_SPEC, LLAMA_SPEC, start_server
 from sekv_gguf.config import THREADS_ENV, ContextConfig
-from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.session import Session, load_model
-from sekv_gguf.tiny_models import TinySpec, write_tiny_gemma3, write_tiny_llama, write_tiny_mrope
+from sekv_gguf.tiny_models import write_tiny_gemma3, write_tiny_llama, write_tiny_mrope
 
 # the tests run alone on the machine: every core (ContextConfig's default is half of them); child processes inherit it
 os.environ.setdefault(THREADS_ENV, str(os.cpu_count() or 1))
-
-LLAMA_SPEC = TinySpec()
-GEMMA_SPEC = TinySpec(n_layer=6, n_head_kv=1, head_dim=32)
-
-# Same cells visited in another order: the CPU flash-attention kernel accumulates f16 V rows in f16 with an online
-# softmax, so the result moves at f16 rounding (~1e-3 of the logit scale); the F32 softmax path moves at f32 rounding.
-ORDER_RTOL = {True: 2e-3, False: 1e-5}
-
-
-def assert_close_reordered(got: np.ndarray, want: np.ndarray, flash_attn: bool) -> None:
-    """Logits equal up to the rounding of a different cell order."""
-    np.testing.assert_allclose(got, want, rtol=0, atol=ORDER_RTOL[flash_attn] * np.abs(want).max())
-
-
-_PROSE = stdlib_prose()
-
-
-def prose(n_chars: int, offset: int = 0) -> str:
-    """``n_chars`` characters of natural text, starting ``offset`` characters in (repeated if needed)."""
-    text = _PROSE * (1 + (offset + n_chars) // len(_PROSE))
-    return text[offset:offset + n_chars]
 
 
 @pytest.fixture(scope="session")
@@ -95,59 +70,6 @@ def open_session() -> Iterator[Callable[..., Session]]:
     yield make
     for s in opened:
         s.close()
-
-
-def prefilled(open_session: Callable[..., Session], path: Path, text: str, **config: object) -> tuple[Session, int]:
-    """A session that decoded ``text`` minus its last token, and that last token."""
-    s = open_session(path, **config)
-    toks = s.tokenize(text)
-    s.decode(toks[:-1], logits="none")
-    return s, toks[-1]
-
-
-def full_kv_logits(open_session: Callable[..., Session], path: Path, text: str, **config: object) -> np.ndarray:
-    """Next-token logits after ``text`` on an untouched cache (the reference every re-celling is compared with)."""
-    s, last = prefilled(open_session, path, text, **config)
-    return s.decode([last])
-
-
-def seq_cells(session: Session) -> np.ndarray:
-    """Cells of sequence 0 in the hooked cache, in position order."""
-    pos = session.hook.cells_pos()
-    cells = np.flatnonzero(pos >= 0)
-    return cells[np.argsort(pos[cells], kind="stable")].astype(np.int32)
-
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
-    """``serve`` (SmolLM2, 512 device cells, logical context 4096, ``flags``) on a free port, up and healthy; the
-    process (stdout and stderr together, as text) and its base URL."""
-    import httpx
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "serve", "--port", str(port), "--kv-budget", "512",
-                             "--n-ctx", "4096", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"serve exited: {proc.stdout.read()}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("serve did not come up")
 
 
 @pytest.fixture(scope="module")

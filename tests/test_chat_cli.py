@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import prose
+from helpers import prose
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import prose
+from helpers import prose
 from sekv_gguf.config import round_cells
 from sekv_gguf.tiny_models import TinySpec, write_tiny_llama
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import GEMMA_SPEC, LLAMA_SPEC, assert_close_reordered, full_kv_logits, prefilled, prose, seq_cells
+from helpers import GEMMA_SPEC, LLAMA_SPEC, assert_close_reordered, full_kv_logits, prefilled, prose, seq_cells
 from reference import forward
 from sekv_gguf.tiny_models import tiny_weights
 

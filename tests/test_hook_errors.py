@@ -7,7 +7,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from conftest import prose, seq_cells
+from helpers import prose, seq_cells
 from sekv_gguf import _hook_api as api
 from sekv_gguf.errors import HookIndexError, HookStateError, HookValueError, UnsupportedModelError
 from sekv_gguf.hook import KVHook, check

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import GEMMA_SPEC, LLAMA_SPEC, prefilled, prose, seq_cells
+from helpers import GEMMA_SPEC, LLAMA_SPEC, prefilled, prose, seq_cells
 from reference import forward
 from sekv_gguf.errors import HookStateError
 from sekv_gguf.tiny_models import tiny_weights

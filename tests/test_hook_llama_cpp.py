@@ -5,7 +5,7 @@ from __future__ import annotations
 import llama_cpp
 import numpy as np
 
-from conftest import LLAMA_SPEC, prose, seq_cells
+from helpers import LLAMA_SPEC, prose, seq_cells
 from reference import forward
 from sekv_gguf.hook import KVHook
 from sekv_gguf.session import Session

@@ -5,7 +5,7 @@ from __future__ import annotations
 import llama_cpp
 import numpy as np
 
-from conftest import prose
+from helpers import prose
 
 N_CTX = 512
 CHUNK = 128

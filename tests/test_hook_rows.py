@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import assert_close_reordered, full_kv_logits, prefilled, prose, seq_cells
+from helpers import assert_close_reordered, full_kv_logits, prefilled, prose, seq_cells
 
 NEXT = "x"
 

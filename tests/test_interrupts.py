@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import prose
+from helpers import prose
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 

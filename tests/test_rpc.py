@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import numpy as np
 import pytest
 
-from conftest import ROOT, free_port, prose
+from helpers import ROOT, free_port, prose
 from sekv_gguf.config import ContextConfig
 from sekv_gguf.errors import RpcEndpointError, RpcError
 from sekv_gguf.llm import SekvLlama

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import prose
+from helpers import prose
 
 pytestmark = pytest.mark.serve
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import free_port, prose, start_server
+from helpers import free_port, prose, start_server
 
 pytestmark = pytest.mark.serve
 
