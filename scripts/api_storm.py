@@ -52,7 +52,7 @@ def main() -> int:
     finally:
         proc.terminate()
         out["server_exit"] = proc.wait(timeout=120)
-    record(args.out, "api", out, "python " + " ".join(sys.argv))
+    record(args.out, "api", out)
     print({k: v for k, v in out.items() if k not in ("by_kind", "malformed")})
     ok = (out["well_formed"] == out["requests"] and not out["server_errors"] and out["server_alive"]
           and out["server_exit"] == 0)

@@ -74,7 +74,7 @@ def main() -> int:
                 print(row, flush=True)
     out = {"model": Path(path).name, "cores": cores, "competitors": f"{cores} x `python -c '{SPIN}'`",
            "prompt_tokens": len(tokens), "steps": args.steps, "budget": args.budget, "rows": rows}
-    record(args.out, "contention", out, "python " + " ".join(sys.argv))
+    record(args.out, "contention", out)
     plot(rows, Path(args.out).with_name("contention.png"))
     return 0
 

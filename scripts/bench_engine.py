@@ -18,10 +18,10 @@ from pathlib import Path
 
 from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
-from sekv_gguf.documents import needle_prompt
 from sekv_gguf.engine import generate, make_policy
 from sekv_gguf.models import default_model_path
-from sekv_gguf.provenance import commit, machine
+from sekv_gguf.provenance import envelope
+from sekv_gguf.ruler_tasks import needle_prompt
 from sekv_gguf.session import load_model
 from sekv_gguf.tiny_models import SHAPED, TinySpec, write_shaped, write_tiny_llama
 
@@ -139,7 +139,7 @@ def main() -> int:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"name": "engine", "machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
+    result = {"name": "engine", **envelope(), "date": time.strftime("%Y-%m-%d %H:%M"),
               "params": vars(args) | {"context": ctx_config.__dict__, "budget": BudgetConfig(kv_budget=args.budget).__dict__,
                                       "sekv": SekvConfig().__dict__},
               "cases": cases}

@@ -21,7 +21,7 @@ from threadpoolctl import threadpool_limits
 
 from sekv_gguf.adapter import read_adapter
 from sekv_gguf.config import SekvConfig
-from sekv_gguf.provenance import commit, machine
+from sekv_gguf.provenance import envelope
 from sekv_gguf.router import HeldSpans, IndexRouter, LowRankMassRouter, Router, TrainedRouter
 from sekv_gguf.span_store import SpanStore
 
@@ -83,7 +83,7 @@ def main() -> int:
                 print(json.dumps(row), flush=True)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(
-        {"machine": machine(), "commit": commit(), "adapter": args.adapter,
+        {**envelope(), "adapter": args.adapter,
          "unit": "ms per routing call per layer (one thread); K rows read per call per layer",
          "verify_candidates": SekvConfig.verify_candidates, "block_tokens": SekvConfig.block_tokens,
          "rows": rows}, indent=1))

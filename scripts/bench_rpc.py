@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from sekv_gguf.config import BudgetConfig, ContextConfig
-from sekv_gguf.documents import needle_prompt
 from sekv_gguf.engine import generate, make_policy
 from sekv_gguf.models import default_model_path
-from sekv_gguf.provenance import commit, machine
+from sekv_gguf.provenance import envelope
 from sekv_gguf.rpc import RpcServer
+from sekv_gguf.ruler_tasks import needle_prompt
 from sekv_gguf.session import Session, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench"))
     args = ap.parse_args()
     path = default_model_path()
-    result: dict = {"machine": machine(), "commit": commit(), "model": path.name,
+    result: dict = {**envelope(), "model": path.name,
                     "params": {"lengths": args.lengths, "n_predict": args.n_predict, "budget": args.budget,
                                "seed": args.seed, "threads": 1, "row_cells": ROW_CELLS},
                     "cases": [], "row_traffic": {}}

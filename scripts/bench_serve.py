@@ -23,25 +23,9 @@ from pathlib import Path
 
 import httpx
 
-from sekv_gguf.documents import stdlib_prose
-from sekv_gguf.models import default_chat_model_path, default_model_path
-from sekv_gguf.provenance import commit, machine
+from sekv_gguf.eval.conversation import MODELS, SYSTEM, document, question
+from sekv_gguf.provenance import envelope
 from sekv_gguf.reliability import rss_bytes
-
-QUESTIONS = ["What is this document about?", "Which module is described first?", "Name one function it mentions.",
-             "What does that function return?", "Give one warning from the text.", "Summarise it in one sentence.",
-             "Which part was the longest?", "Name a class from the text.", "What is its purpose?",
-             "Thank you. Any last remark?"]
-SYSTEM = "You answer questions about the document the user gives."
-# name -> (where its GGUF is, its chat format)
-MODELS = {"smollm2": (default_chat_model_path, None), "gemma": (default_model_path, "gemma")}
-
-
-def document(chars: int) -> str:
-    """``chars`` characters from the middle of the bundled standard-library prose (~6K tokens for 26000)."""
-    prose = stdlib_prose()
-    return prose[len(prose) // 2: len(prose) // 2 + chars]
-
 
 TITLE = ("### Task:\nGenerate a concise, 3-5 word title with an emoji summarizing the chat history.\n"
          "### Chat History:\n<chat_history>\nUSER: {q}\nASSISTANT: {a}\n</chat_history>")
@@ -127,7 +111,7 @@ def conversation(server: Server, doc: str, turns: int, titles: bool, max_tokens:
     msgs = [{"role": "system", "content": SYSTEM}]
     rows = []
     for i in range(turns):
-        q = QUESTIONS[i % len(QUESTIONS)]
+        q = question(i)
         msgs.append({"role": "user", "content": f"{doc}\n\n{q}" if i == 0 else q})
         offset = len(server.log.read_text(errors="replace"))
         reply, ttft, total = stream_chat(server.base, msgs, max_tokens)
@@ -197,7 +181,7 @@ def main() -> int:
     models = {name: (str(path()), fmt) for name, (path, fmt) in MODELS.items()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    result: dict = {"name": "serve", "machine": machine(), "commit": commit(), "params": vars(args), "models": {}}
+    result: dict = {"name": "serve", **envelope(), "params": vars(args), "models": {}}
     for name in args.models:
         path, fmt = models[name]
         per: dict = {}

@@ -17,11 +17,9 @@ from pathlib import Path
 import llama_cpp
 
 from sekv_gguf.config import SekvConfig
+from sekv_gguf.eval.conversation import MODELS, SYSTEM, document, question  # the server benchmark's conversation
 from sekv_gguf.llm import SekvLlama
-from sekv_gguf.provenance import commit, machine
-
-# the server benchmark's conversation, document and models (scripts/ is on sys.path)
-from bench_serve import MODELS, QUESTIONS, SYSTEM, document  # isort: skip
+from sekv_gguf.provenance import envelope
 
 ENGINES = ("stock", "layer", "refresh")
 
@@ -51,10 +49,10 @@ def run_model(path: str, fmt: str | None, doc: str, args: argparse.Namespace) ->
     messages = {name: [{"role": "system", "content": SYSTEM}] for name in engines}
     out: dict = {name: {"first_turn_s": None, "ttft_s": [], "replies": []} for name in engines}
     for name, engine in engines.items():
-        out[name]["first_turn_s"], _ = ask(engine, messages[name], f"{doc}\n\n{QUESTIONS[0]}", args.max_tokens)
+        out[name]["first_turn_s"], _ = ask(engine, messages[name], f"{doc}\n\n{question(0)}", args.max_tokens)
     for i in range(1, args.turns):
         for name, engine in engines.items():  # in turn: every engine sees the same machine state
-            ttft, reply = ask(engine, messages[name], QUESTIONS[i % len(QUESTIONS)], args.max_tokens)
+            ttft, reply = ask(engine, messages[name], question(i), args.max_tokens)
             out[name]["ttft_s"].append(ttft)
             out[name]["replies"].append(reply)
             print(json.dumps({"engine": name, "turn": i + 1, "ttft_s": round(ttft, 4)}), flush=True)
@@ -106,7 +104,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench/turn")
     args = ap.parse_args()
     doc = document(args.doc_chars)
-    result: dict = {"name": "turn", "machine": machine(), "commit": commit(), "params": vars(args), "models": {}}
+    result: dict = {"name": "turn", **envelope(), "params": vars(args), "models": {}}
     for name in args.models:
         path, fmt = MODELS[name]
         result["models"][name] = run_model(str(path()), fmt, doc, args)

@@ -49,7 +49,7 @@ def main() -> int:
              "rejected": sum(x.counts["rejected"] for x in tallies.values()),
              "parsed": sum(x.counts["ok"] for x in tallies.values()),
              "limits": vars(cfg), "seconds": round(time.perf_counter() - t0, 1), "targets": per}
-    record(args.out, "fuzz", total, "python " + " ".join(sys.argv))
+    record(args.out, "fuzz", total)
     print({k: v for k, v in total.items() if k != "targets"})
     return 1 if total["crashes"] or total["hangs"] or total["over_memory"] else 0
 

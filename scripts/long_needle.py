@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from pathlib import Path
 
@@ -23,50 +22,23 @@ import numpy as np
 
 from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
-from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.engine import make_policy
-from sekv_gguf.session import full_kv_bytes
 from sekv_gguf.models import default_model_path
-from sekv_gguf.provenance import commit, machine
-from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, make_case
-from sekv_gguf.session import load_model
+from sekv_gguf.provenance import envelope
+from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, access_code_needle, answer_span, make_case, token_range
+from sekv_gguf.session import full_kv_bytes, load_model
 
-QUESTION = "\n\nQuestion: What is the access code of the blue archive?\nAnswer: The access code of the blue archive is"
-
-
-def build(model, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str, tuple[int, int]]:
-    """Prompt tokens, the value, and the needle sentence's token range."""
-    value = str(random.Random(seed).randint(1_000_000, 9_999_999))
-    needle = f" The access code of the blue archive is {value}."
-    prose = stdlib_prose()
-    start = (seed * 7919) % len(prose)
-    text = (prose[start:] + prose[:start]) * (1 + 6 * n_tokens // len(prose))
+def build(model, task: str | None, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str, tuple[int, int]]:
+    """Prompt tokens, the value and the needle sentence's token range (one token of margin each side): the access
+    code case, or the evaluation's prompt for ``task`` (as ``eval --depths`` makes it)."""
     tok = lambda s: model.tokenize(s.encode(), add_bos=True, special=False)  # noqa: E731
-    lo, hi = 0, len(text)
-    while hi - lo > 200:  # the longest prefix of the prose that fits with the needle and the question
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if len(tok(text[:mid] + needle + QUESTION)) <= n_tokens else (lo, mid)
-    body = text[:lo]
-    cut = body.find(". ", int(depth * len(body))) + 1  # a sentence boundary at the depth
-    prompt = body[:cut] + needle + body[cut:] + QUESTION
-    a, b = len(tok(body[:cut])), len(tok(body[:cut] + needle))
-    return tok(prompt), value, (a - 1, b + 1)
-
-
-def build_case(model, task: str, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str, tuple[int, int]]:
-    """The evaluation's prompt for ``task`` (as ``eval --depths`` makes it): tokens, value, needle token range."""
-    tok = lambda s: model.tokenize(s.encode(), add_bos=True, special=False)  # noqa: E731
-    case = make_case(task, lambda text: len(tok(text)), n_tokens, seed, "prose", depth)
+    count = lambda s: len(tok(s))  # noqa: E731
+    if task is None:
+        needle = access_code_needle(count, n_tokens, depth, seed)
+        return tok(needle.prompt), needle.answer, token_range(count, needle.prompt, needle.span)
+    case = make_case(task, count, n_tokens, seed, "prose", depth)
     value = case.answers[0]
-    return tok(case.prompt), value, needle_tokens(model, case.prompt, value)
-
-
-def needle_tokens(model, prompt: str, value: str) -> tuple[int, int]:
-    """Token range (one token of margin each side) of the RULER needle sentence that holds ``value``."""
-    tok = lambda s: model.tokenize(s.encode(), add_bos=True, special=False)  # noqa: E731
-    end = prompt.index(f"is: {value}.") + len(f"is: {value}.")
-    start = prompt.rindex("One of the special magic", 0, end)
-    return len(tok(prompt[:start])) - 1, len(tok(prompt[:end])) + 1
+    return tok(case.prompt), value, token_range(count, case.prompt, answer_span(case, value))
 
 
 def trace(model, tokens: list[int], value: str, needle: tuple[int, int], name: str, budget: float | None,
@@ -138,8 +110,7 @@ def main() -> int:
     model = load_model(str(default_model_path()))
     rows = []
     for seed in args.seeds:
-        tokens, value, needle = (build_case(model, args.task, args.tokens, args.depth, seed) if args.task
-                                 else build(model, args.tokens, args.depth, seed))
+        tokens, value, needle = build(model, args.task, args.tokens, args.depth, seed)
         runs = [] if args.no_full else [("full", None, None)]
         extra = sekv_overrides(args.sekv or [])
         runs += [("sekv", b, SekvConfig(router=r, **extra)) for b in args.budgets for r in args.routers]
@@ -151,8 +122,7 @@ def main() -> int:
                                                       "needle_tokens", "anchor_depths", "zoomed_after_prefill",
                                                       "prefill_s")}),
                   flush=True)
-            Path(args.out).write_text(json.dumps({"machine": machine(), "commit": commit(), "params": vars(args),
-                                                  "rows": rows}, indent=1))
+            Path(args.out).write_text(json.dumps({**envelope(), "params": vars(args), "rows": rows}, indent=1))
     return 0
 
 

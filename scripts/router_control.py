@@ -16,7 +16,7 @@ import numpy as np
 from sekv_gguf.config import ContextConfig, SekvConfig
 from sekv_gguf.eval.suite import EvalConfig, run_suite
 from sekv_gguf.models import default_model_path
-from sekv_gguf.provenance import commit, machine
+from sekv_gguf.provenance import envelope
 from sekv_gguf.router import Ranking, Resident, SummaryRouter, verify
 from sekv_gguf.session import load_model
 from sekv_gguf.span_store import SpanStore
@@ -52,7 +52,7 @@ def main() -> int:
     acc = res["summary"]["accuracy"]  # runs named sekv-summary+verify@<budget>
     print(json.dumps(acc))
     out = Path(f"bench/router-control-{args.length // 1024}k.json")
-    out.write_text(json.dumps({"machine": machine(), "commit": commit(), "params": res["params"], "accuracy": acc,
+    out.write_text(json.dumps({**envelope(), "params": res["params"], "accuracy": acc,
                                "cases": res["cases"]}, indent=1))
     return 0
 

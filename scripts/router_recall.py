@@ -35,7 +35,7 @@ from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig, round_cell
 from sekv_gguf.eval import make_case
 from sekv_gguf.models import default_model_path
 from sekv_gguf.policies.budget import BudgetPlan
-from sekv_gguf.provenance import commit, machine
+from sekv_gguf.provenance import envelope
 from sekv_gguf.router import (HeldSpans, IndexRouter, LowRankMassRouter, Router, SummaryRouter, TrainedRouter,
                               verify)
 from sekv_gguf.segment import Segmenter, span_ends
@@ -205,7 +205,7 @@ def main() -> int:
     trained = TrainedRouter.from_file(args.adapter, model_path, args.verify_candidates) if args.adapter else None
     count = lambda text: len(model.tokenize(text.encode(), add_bos=True, special=False))  # noqa: E731
     samples = (args.samples * len(args.lengths))[:len(args.lengths)] if len(args.samples) == 1 else args.samples
-    result = {"name": "router-recall", "machine": machine(), "commit": commit(),
+    result = {"name": "router-recall", **envelope(),
               "params": {k: v for k, v in vars(args).items() if k != "out"} | {"model": Path(model_path).name},
               "lengths": {}}
     for length, n_samples in zip(args.lengths, samples):

@@ -44,7 +44,7 @@ def main() -> int:
         cycles = open_close_soak(model, cfg, lambda n: bar.update(1))
         bar.close()
     out = {"model": "tiny random-weight llama (sekv_gguf.tiny_models)", "decode": decode, "open_close": cycles}
-    record(args.out, "soak", out, "python " + " ".join(sys.argv))
+    record(args.out, "soak", out)
     print({k: v for k, v in decode.items() if k != "samples"}, cycles)
     ok = (decode["same_tokens_on_rerun"] and decode["rss_growth_outside_host_tier"] <= 0.02
           and cycles["rss_growth"] <= 0.02 and cycles["fds_end"] == cycles["fds_warm"])

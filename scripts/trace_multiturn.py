@@ -15,13 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from long_needle import needle_tokens  # this directory: run as a script
 from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
 from sekv_gguf.models import default_model_path
-from sekv_gguf.provenance import commit, machine
-from sekv_gguf.ruler_tasks import make_case
+from sekv_gguf.provenance import envelope
+from sekv_gguf.ruler_tasks import answer_span, make_case, token_range
 from sekv_gguf.session import load_model
 
 N_TOP = 5  # first-answer-token candidates reported
@@ -115,7 +114,7 @@ def main() -> int:
         doc = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
         turns = [(model.tokenize(t["text"].encode(), add_bos=False, special=False), t["answer"])
                  for t in case.meta["turns"]]
-        spans_of = [needle_tokens(model, case.prompt, v) for v in case.answers]
+        spans_of = [token_range(count, case.prompt, answer_span(case, v)) for v in case.answers]
         runs = [] if args.no_full else [("full", None, None, "")]
         runs += [("sekv", args.budget, params, m) for m in ([""] + (["force", "isolate"] if args.force else []))]
         for name, budget, p, mode in runs:
@@ -125,8 +124,7 @@ def main() -> int:
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("seed", "policy", "mode")}),
                   *[json.dumps(t) for t in row["turns"]], sep="\n  ", flush=True)
-            Path(args.out).write_text(json.dumps({"machine": machine(), "commit": commit(), "params": vars(args),
-                                                  "rows": rows}, indent=1))
+            Path(args.out).write_text(json.dumps({**envelope(), "params": vars(args), "rows": rows}, indent=1))
     return 0
 
 

@@ -1,11 +1,11 @@
 """Generated long documents with facts spread through them (no downloads): the CLI's default prompt and test data.
 
-``stdlib_prose()`` is natural English text found on every machine (the standard library's documentation
-strings); ``needle_prompt`` hides a "special magic number" in it at a given depth (RULER-style).
 ``field_report(seed, n_sections)`` writes a gazetteer of invented towns: every section states a few facts (founding
 year, river, harbour master, archive ledger number) among descriptive prose. ``default_prompt()`` is the bundled
 document (``data/default_document.txt``, written by ``scripts/make_default_document.py``) and a question about a fact
-stated early in it.
+stated early in it. ``stdlib_prose()`` (natural English text found on every machine) and ``needle_prompt`` (a
+"special magic number" hidden in it at a given depth, RULER-style) are importable from here too; they live in
+``ruler_tasks``, the one place needle prompts are built and sized.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import random
 from dataclasses import dataclass
 from importlib.resources import files
 
+from .ruler_tasks import FIRST_NAMES, Needle, needle_prompt, stdlib_prose
+
+__all__ = ["FIRST_NAMES", "Fact", "Needle", "default_prompt", "field_report", "needle_prompt", "stdlib_prose"]
+
 _SYLLABLES = ["va", "lor", "mi", "den", "tha", "ros", "quel", "bar", "in", "sol", "ke", "mar", "tu", "vin", "os",
               "ela", "dra", "fen", "gal", "hu", "ir", "jo", "ny", "pel", "rau", "sey", "ti", "um", "zo", "cre"]
 _RIVERS = ["Amber", "Silt", "Heron", "Cold", "Lantern", "Willow", "Iron", "Glass", "Fallow", "Ember", "Quiet", "Salt"]
-# first names of invented people (the gazetteer's harbour masters; the people of ruler_tasks' word problems)
-FIRST_NAMES = ["Ada", "Bruno", "Celia", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kaia", "Luca",
-               "Mira", "Nils", "Oona", "Pavel", "Rosa", "Soren", "Tamsin", "Viktor"]
 _LAST = ["Albrecht", "Brandt", "Castell", "Dorn", "Eskola", "Fontaine", "Graves", "Holm", "Ivanova", "Jansen",
          "Kessler", "Lindqvist", "Moreau", "Novak", "Ortega", "Petrov", "Quist", "Reyes", "Sato", "Thorne"]
 _PROSE = [
@@ -100,60 +101,3 @@ def default_prompt() -> tuple[str, str]:
     doc = data.joinpath("default_document.txt").read_text(encoding="utf-8")
     meta = json.loads(data.joinpath("default_document.json").read_text(encoding="utf-8"))
     return f"{doc}\n{meta['question']}", meta["answer"]
-
-
-def stdlib_prose() -> str:
-    """Natural English text present on every machine: documentation strings of a few standard modules."""
-    import argparse
-    import collections
-    import inspect
-    import json as json_mod
-    import logging
-    import textwrap
-    import unittest
-
-    parts: list[str] = []
-    for mod in (argparse, collections, json_mod, textwrap, logging, unittest):
-        parts.append(inspect.getdoc(mod) or "")
-        for obj in vars(mod).values():
-            if inspect.isclass(obj) or inspect.isfunction(obj):
-                parts.append(inspect.getdoc(obj) or "")
-                if inspect.isclass(obj):
-                    parts.extend(inspect.getdoc(m) or "" for m in vars(obj).values() if inspect.isfunction(m))
-    return "\n\n".join(dict.fromkeys(p for p in parts if len(p) > 80))
-
-
-_CITIES = ["Lisbon", "Oslo", "Nairobi", "Lima", "Hanoi", "Tbilisi", "Quito", "Dakar", "Perth", "Riga", "Cusco",
-           "Bergen", "Tunis", "Kyoto", "Malmo", "Porto", "Sapporo", "Tallinn", "Windhoek", "Yerevan"]
-
-
-@dataclass(frozen=True)
-class Needle:
-    prompt: str
-    answer: str
-    depth: float
-
-
-def needle_prompt(count_tokens, n_tokens: int, depth: float, seed: int = 0) -> Needle:
-    """A haystack of natural text of about ``n_tokens`` tokens (as counted by ``count_tokens(text)``) with one
-    "special magic number for <city>" sentence at relative ``depth``, and a question about it at the end."""
-    rng = random.Random(seed)
-    city = rng.choice(_CITIES)
-    number = str(rng.randint(1_000_000, 9_999_999))
-    needle = f" The special magic number for {city} is: {number}. "
-    question = (f"\n\nWhat is the special magic number for {city} mentioned in the provided text? "
-                f"The special magic number for {city} is:")
-    hay = stdlib_prose()
-    budget = n_tokens - count_tokens(needle + question) - 1
-    start = rng.randrange(0, max(len(hay) - 1, 1))
-    text = hay[start:] + "\n\n" + hay
-    while count_tokens(text) < budget:
-        text += "\n\n" + hay
-    lo, hi = 0, len(text)  # the longest prefix of text that fits the token budget
-    while hi - lo > 16:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if count_tokens(text[:mid]) <= budget else (lo, mid)
-    body = text[:lo]
-    cut = int(len(body) * depth)
-    cut = max(body.rfind(". ", 0, cut) + 2, 0) if cut > 0 else 0
-    return Needle(prompt=body[:cut] + needle + body[cut:] + question, answer=number, depth=depth)

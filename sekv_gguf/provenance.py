@@ -1,11 +1,13 @@
-"""Where a result came from: the git commit of this checkout and the machine it ran on (saved with every benchmark,
-evaluation and trained adapter)."""
+"""Where a result came from: the command that made it, the git commit of this checkout and the machine it ran on (saved
+with every benchmark, evaluation and trained adapter). ``envelope()`` is the three together, the fields every
+``bench/`` JSON carries; ``record`` adds them to one key of a shared JSON file."""
 
 from __future__ import annotations
 
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +27,24 @@ def commit() -> str:
         return "unknown"
 
 
-def record(path: str | Path, key: str, value: dict[str, Any], command: str) -> Path:
-    """Set ``key`` of the JSON object at ``path`` (created if missing) to ``value`` with its command, commit and
-    machine; the other keys stay (``bench/reliability.json`` collects several harnesses' figures this way)."""
+def command_line() -> str:
+    """This process's command, as it was run (``python scripts/x.py --flag ...``)."""
+    return " ".join(["python", *sys.argv])
+
+
+def envelope(command: str | None = None) -> dict[str, Any]:
+    """``command`` (default: this process's), ``commit`` and ``machine``: where a result came from."""
+    return {"command": command_line() if command is None else command, "commit": commit(), "machine": machine()}
+
+
+def record(path: str | Path, key: str, value: dict[str, Any], command: str | None = None) -> Path:
+    """Set ``key`` of the JSON object at ``path`` (created if missing) to ``value`` with its ``envelope(command)``;
+    the other keys stay (``bench/reliability.json`` collects several harnesses' figures this way)."""
     import json
 
     path = Path(path)
     doc = json.loads(path.read_text()) if path.exists() else {}
-    doc[key] = {**value, "command": command, "commit": commit(), "machine": machine()}
+    doc[key] = {**value, **envelope(command)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path

@@ -2,8 +2,8 @@
 Your Long-Context Language Models?").
 
 Every task is a plain completion prompt for a base LM: an instruction, a context fitted to ``n_tokens`` tokens as
-counted by ``count(text)`` (bisection on its length, as in ``documents.needle_prompt``), then a question ending in an
-answer lead, so the greedy continuation should contain the answers (``eval.tasks.score`` grades it with RULER's
+counted by ``count(text)`` (``fit_size``, the one search over a context's size), then a question ending in an answer
+lead, so the greedy continuation should contain the answers (``eval.tasks.score`` grades it with RULER's
 substring match). The evaluation suite runs these tasks; training (``train.corpus``) mixes needle tasks of its own
 seeds into its documents.
 
@@ -18,6 +18,15 @@ characters apart at most, so a fact sits within 0.05 of its depth from ~2K token
 context, the offset of its fact within it, its depth and whether it holds an answer), ``prompt_tokens`` and
 ``max_new_tokens`` (the answers' token count plus a margin: a UUID alone is ~37 Gemma tokens, four 7-digit numbers
 ~37). For ``arithmetic`` (``stop``), score the first line of the output: later lines invent more problems.
+``answer_span`` finds the inserted text that holds an answer in the prompt, ``token_range`` its tokens.
+
+Two plain needles outside the task list, sized by the same ``fit_size``: ``needle_prompt`` (a "special magic number
+for <city>" sentence in the prose, the engine and RPC benchmarks' and a Gemma test's prompt) and
+``access_code_needle`` (the access code of the blue archive, ``scripts/long_needle.py``'s case). Both come with the
+needle's character span.
+
+The texts the prompts are made of live here too: ``stdlib_prose()``, natural English text found on every machine (the
+standard library's documentation strings), and ``FIRST_NAMES`` (``documents`` uses them as well).
 """
 
 from __future__ import annotations
@@ -32,9 +41,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
-from .documents import FIRST_NAMES, stdlib_prose
-
 Count = Callable[[str], int]
+
+# first names of invented people (the people of the word problems; documents' gazetteer's harbour masters)
+FIRST_NAMES = ["Ada", "Bruno", "Celia", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kaia", "Luca",
+               "Mira", "Nils", "Oona", "Pavel", "Rosa", "Soren", "Tamsin", "Viktor"]
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 HAYSTACKS = ("filler", "prose")
@@ -77,9 +88,41 @@ class _Insert:
     anchor: int = 0  # where in the text the fact starts: that is what sits at the depth
 
 
+def stdlib_prose() -> str:
+    """Natural English text present on every machine: documentation strings of a few standard modules."""
+    import argparse
+    import collections
+    import inspect
+    import json as json_mod
+    import logging
+    import textwrap
+    import unittest
+
+    parts: list[str] = []
+    for mod in (argparse, collections, json_mod, textwrap, logging, unittest):
+        parts.append(inspect.getdoc(mod) or "")
+        for obj in vars(mod).values():
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                parts.append(inspect.getdoc(obj) or "")
+                if inspect.isclass(obj):
+                    parts.extend(inspect.getdoc(m) or "" for m in vars(obj).values() if inspect.isfunction(m))
+    return "\n\n".join(dict.fromkeys(p for p in parts if len(p) > 80))
+
+
 @lru_cache(maxsize=1)
 def _prose() -> str:
     return stdlib_prose()
+
+
+def _rotated(start: int, sep: str) -> str:
+    """The prose from character ``start`` on, then ``sep`` and the prose up to ``start``."""
+    text = _prose()
+    return text[start:] + sep + text[:start]
+
+
+def _repeat(unit: str, n_chars: int) -> str:
+    """The first ``n_chars`` characters of ``unit`` repeated."""
+    return (unit * (n_chars // len(unit) + 1))[:n_chars]
 
 
 def _check_haystack(haystack: str) -> None:
@@ -91,14 +134,12 @@ def _haystack_unit(haystack: str, rng: random.Random) -> str:
     """The text the haystack repeats: the filler sentences, or the prose rotated to start at a seeded paragraph."""
     if haystack == "filler":
         return FILLER + " "
-    text = _prose()
-    start = rng.choice([0] + [m.end() for m in re.finditer(r"\n\n", text)])
-    return text[start:] + "\n\n" + text[:start]
+    return _rotated(rng.choice([0] + [m.end() for m in re.finditer(r"\n\n", _prose())]), "\n\n")
 
 
 def _body(unit: str, n_chars: int) -> str:
     """The first ``n_chars`` characters of ``unit`` repeated, cut back to a whole word."""
-    text = unit * (n_chars // len(unit) + 1)
+    text = _repeat(unit, n_chars + 1)
     body = text[:n_chars]
     if not text[n_chars].isspace():
         body = body[:max(body.rfind(" "), body.rfind("\n")) + 1]
@@ -127,12 +168,13 @@ def _insert(body: str, inserts: list[_Insert], sep: str) -> tuple[str, list[int]
     return "".join(parts).rstrip(), offsets
 
 
-def _fit(task: str, count: Count, n_tokens: int, prompt: Callable[[int], str], lo: int, guess: int) -> int:
-    """The largest size (>= ``lo``) whose prompt has at most ``n_tokens`` tokens, to a unit or 0.1%: a bracket
-    shrunk by interpolation (a safeguarded bisection; ``count`` can be slow on long texts)."""
+def fit_size(count: Count, n_tokens: int, prompt: Callable[[int], str], lo: int, guess: int, what: str) -> int:
+    """The largest size (>= ``lo``) whose ``prompt(size)`` has at most ``n_tokens`` tokens, to a unit or 0.1%: a
+    bracket shrunk by interpolation (a safeguarded bisection; ``count`` can be slow on long texts). ``what`` names the
+    prompt in the error when even ``lo`` does not fit. Every prompt of this module is sized by it."""
     c_lo = count(prompt(lo))
     if c_lo > n_tokens:
-        raise ValueError(f"n_tokens={n_tokens} is too small for task {task!r}: it needs at least {c_lo} tokens")
+        raise ValueError(f"n_tokens={n_tokens} is too small for {what}: it needs at least {c_lo} tokens")
     hi = max(lo + 1, guess)
     while (c_hi := count(prompt(hi))) <= n_tokens:
         lo, c_lo, hi = hi, c_hi, 2 * hi
@@ -156,8 +198,8 @@ def _haystack_case(task: str, count: Count, n_tokens: int, seed: int, haystack: 
                    **extra) -> Case:
     """A haystack fitted to ``n_tokens`` with ``inserts`` in it, between ``head`` and ``tail``."""
     unit = _haystack_unit(haystack, rng)
-    size = _fit(task, count, n_tokens, lambda n: head + _insert(_body(unit, n), inserts, sep)[0] + tail,
-                lo=0, guess=4 * n_tokens)
+    size = fit_size(count, n_tokens, lambda n: head + _insert(_body(unit, n), inserts, sep)[0] + tail,
+                    lo=0, guess=4 * n_tokens, what=f"task {task!r}")
     context, offsets = _insert(_body(unit, size), inserts, sep)
     prompt = head + context + tail
     placed = sorted(({"text": x.text, "offset": off, "anchor": x.anchor, "depth": x.depth, "answer": x.answer}
@@ -333,8 +375,8 @@ def frequent_words(count: Count, n_tokens: int, seed: int, haystack: str = "pros
             "Find the three most frequently appeared words.\n\n")
     tail = ("\n\nQuestion: What are the three most frequently appeared words in the text above?\n"
             "Answer: According to the text above, the three most frequently appeared words are:")
-    n = _fit("frequent_words", count, n_tokens, lambda n: head + " ".join(words(n)[0]) + tail, lo=100,
-             guess=n_tokens // 2)
+    n = fit_size(count, n_tokens, lambda n: head + " ".join(words(n)[0]) + tail, lo=100, guess=n_tokens // 2,
+                 what="task 'frequent_words'")
     seq, counts = words(n)
     context = " ".join(seq)
     prompt = head + context + tail
@@ -406,3 +448,79 @@ def make_case(task: str, count: Count, n_tokens: int, seed: int, haystack: str =
                          f"{', '.join(PINNED_DEPTH_TASKS)}")
     return TASKS[task](count, n_tokens, seed, haystack, depth=depth)
 
+
+
+def answer_span(case: Case, answer: str) -> tuple[int, int]:
+    """The character span, in ``case.prompt``, of the inserted text that holds ``answer`` (a retrieval task's
+    needle sentence)."""
+    start = case.meta["context"][0]
+    for x in case.meta["inserted"]:
+        if answer in x["text"]:
+            return start + x["offset"], start + x["offset"] + len(x["text"])
+    raise ValueError(f"no inserted text of this {case.task} case holds {answer!r}")
+
+
+def token_range(count: Count, prompt: str, span: tuple[int, int]) -> tuple[int, int]:
+    """The token positions of ``prompt[span[0]:span[1]]`` in ``prompt``'s tokens, one token of margin each side (a
+    token can straddle the span's ends); ``count`` counts a text's tokens as the prompt's are made (BOS included)."""
+    return count(prompt[:span[0]]) - 1, count(prompt[:span[1]]) + 1
+
+
+_CITIES = ["Lisbon", "Oslo", "Nairobi", "Lima", "Hanoi", "Tbilisi", "Quito", "Dakar", "Perth", "Riga", "Cusco",
+           "Bergen", "Tunis", "Kyoto", "Malmo", "Porto", "Sapporo", "Tallinn", "Windhoek", "Yerevan"]
+ACCESS_QUESTION = ("\n\nQuestion: What is the access code of the blue archive?\n"
+                   "Answer: The access code of the blue archive is")
+
+
+@dataclass(frozen=True)
+class Needle:
+    prompt: str
+    answer: str
+    depth: float
+    span: tuple[int, int]  # the needle's characters in the prompt
+
+
+def _plain_needle(count: Count, n_tokens: int, unit: str, needle: str, question: str, cut: Callable[[str], int],
+                  answer: str, depth: float) -> Needle:
+    """``unit`` repeated as long as the prompt fits ``n_tokens``, ``needle`` inserted at character ``cut(body)`` of
+    it, ``question`` after it."""
+    def parts(n: int) -> tuple[str, str]:
+        body = _repeat(unit, n)
+        at = cut(body)
+        return body[:at], body[at:]
+
+    def prompt(n: int) -> str:
+        before, after = parts(n)
+        return before + needle + after + question
+
+    before, after = parts(fit_size(count, n_tokens, prompt, lo=0, guess=4 * n_tokens, what="a needle prompt"))
+    return Needle(before + needle + after + question, answer, depth, (len(before), len(before) + len(needle)))
+
+
+def needle_prompt(count: Count, n_tokens: int, depth: float, seed: int = 0) -> Needle:
+    """A haystack of natural text of about ``n_tokens`` tokens (as counted by ``count(text)``) with one "special
+    magic number for <city>" sentence at relative ``depth`` (after the sentence end before it), and a question about
+    it at the end."""
+    rng = random.Random(seed)
+    city = rng.choice(_CITIES)
+    number = str(rng.randint(1_000_000, 9_999_999))
+    question = (f"\n\nWhat is the special magic number for {city} mentioned in the provided text? "
+                f"The special magic number for {city} is:")
+    unit = _rotated(rng.randrange(0, max(len(_prose()) - 1, 1)), "\n\n")
+
+    def cut(body: str) -> int:
+        at = int(len(body) * depth)
+        return max(body.rfind(". ", 0, at) + 2, 0) if at > 0 else 0
+
+    return _plain_needle(count, n_tokens, unit, f" The special magic number for {city} is: {number}. ", question,
+                         cut, number, depth)
+
+
+def access_code_needle(count: Count, n_tokens: int, depth: float, seed: int = 0) -> Needle:
+    """A haystack of natural text of about ``n_tokens`` tokens (as counted by ``count(text)``), starting at a
+    character picked by ``seed``, with one plain sentence holding a 7-digit access code at the first sentence end
+    from relative ``depth`` on, and the question (``ACCESS_QUESTION``) at the end."""
+    value = str(random.Random(seed).randint(1_000_000, 9_999_999))
+    unit = _rotated((seed * 7919) % len(_prose()), "")
+    return _plain_needle(count, n_tokens, unit, f" The access code of the blue archive is {value}.", ACCESS_QUESTION,
+                         lambda body: body.find(". ", int(depth * len(body))) + 1, value, depth)
