@@ -19,20 +19,21 @@ from pathlib import Path
 import numpy as np
 
 from sekv_gguf.config import BudgetConfig, ContextConfig
+from sekv_gguf.decode import decode_loop, greedy
 from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.engine import make_policy
 from sekv_gguf.models import default_model_path
+from sekv_gguf.policies import Policy
 from sekv_gguf.provenance import record
 from sekv_gguf.session import load_model
 
 SPIN = "while True: pass"
 
 
-def decode_rate(policy, logits: np.ndarray, steps: int) -> tuple[float, np.ndarray]:
+def decode_rate(policy: Policy, logits: np.ndarray, steps: int) -> tuple[float, np.ndarray]:
     t0 = time.perf_counter()
-    for _ in range(steps):
-        logits = policy.step(int(np.argmax(logits)))
-    return steps / (time.perf_counter() - t0), logits
+    done = decode_loop(policy.step, logits, steps, greedy)
+    return steps / (time.perf_counter() - t0), done.logits
 
 
 def main() -> int:

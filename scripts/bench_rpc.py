@@ -85,7 +85,7 @@ def run_case(model, placement: str, n_tokens: int, n_predict: int, budget: float
         row.update({"placement": placement, "n_tokens": n_tokens, "answer": needle.answer,
                     "correct": needle.answer in r.text, "wall_s": wall})
         if r.sekv:
-            row["zoom_ms_per_step"] = 1e3 * r.sekv["zoom_s"] / max(r.generated_tokens, 1)
+            row["zoom_ms_per_step"] = 1e3 * r.sekv.zoom_s / max(r.generated_tokens, 1)
         out.append(row)
         print(f"{placement:>11} {n_tokens:>6} {name:>5}: prefill {row['prefill_tok_s']:7.1f} tok/s decode "
               f"{row['decode_tok_s']:6.1f} tok/s" + (f" zoom {row['zoom_ms_per_step']:6.1f} ms/step" if r.sekv else "")

@@ -58,9 +58,11 @@ def run_model(path: str, fmt: str | None, doc: str, args: argparse.Namespace) ->
             print(json.dumps({"engine": name, "turn": i + 1, "ttft_s": round(ttft, 4)}), flush=True)
     for name, engine in engines.items():
         if isinstance(engine, SekvLlama):
-            stats = engine.memories.active.stats().get("sekv") or {}
-            out[name]["layer_routed_turns"] = engine.memories.active.counters.get("layer_routed_turns", 0)
-            out[name]["spans"] = stats.get("spans")
+            active = engine.memories.active
+            sekv = active.stats().sekv
+            memory = active.memory
+            out[name]["layer_routed_turns"] = memory.counters.layer_routed_turns if sekv else 0
+            out[name]["spans"] = sekv.spans if sekv else None
         engine.close()
     stock = statistics.median(out["stock"]["ttft_s"])
     for name in engines:

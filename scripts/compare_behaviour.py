@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
+from sekv_gguf.decode import decode_loop
 from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.engine import generate, make_policy
 from sekv_gguf.eval.suite import EvalConfig, run_suite
@@ -59,12 +60,9 @@ def lifecycle(model: Any, name: str, prompt: list[int], turn: list[int], sekv: d
     out: dict[str, Any] = {"sums": [], "tokens": []}
     try:
         def greedy(logits: np.ndarray, n: int) -> np.ndarray:
-            for _ in range(n):
-                tok = int(np.argmax(logits))
-                out["tokens"].append(tok)
-                logits = policy.step(tok)
-                out["sums"].append(checksum(logits))
-            return logits
+            done = decode_loop(policy.step, logits, n, after_step=lambda k, x: out["sums"].append(checksum(x)))
+            out["tokens"].extend(done.tokens)
+            return done.logits
 
         logits = policy.prefill(prompt)
         out["sums"].append(checksum(logits))

@@ -16,17 +16,21 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
+from sekv_gguf.decode import decode_loop, greedy
 from sekv_gguf.engine import make_policy
+from sekv_gguf.eval.trace import needle_placement, sekv_memory, zoomed
 from sekv_gguf.models import default_model_path
 from sekv_gguf.provenance import envelope
 from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, access_code_needle, answer_span, make_case, token_range
 from sekv_gguf.session import full_kv_bytes, load_model
+
 
 def build(model, task: str | None, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str, tuple[int, int]]:
     """Prompt tokens, the value and the needle sentence's token range (one token of margin each side): the access
@@ -52,45 +56,26 @@ def trace(model, tokens: list[int], value: str, needle: tuple[int, int], name: s
     try:
         logits = policy.prefill(tokens)
         row["prefill_s"] = time.perf_counter() - t0
-        where, ids = _where(policy, needle)
-        row["needle_tokens"] = where
-        if getattr(policy, "anchors", None):  # where the anchors lie, as depths (quartiles)
-            depths = np.array(policy.anchors) / len(tokens)
+        row["needle_tokens"], ids = needle_placement(policy, needle)
+        memory = sekv_memory(policy)
+        if memory is not None and memory.anchors:  # where the anchors lie, as depths (quartiles)
+            depths = np.array(memory.anchors) / len(tokens)
             row["anchor_depths"] = np.percentile(depths, [0, 25, 50, 75, 100]).round(3).tolist()
-        resident = lambda: [sorted(set(ids) & set(r)) for r in policy.zoom.resident] if ids else []  # noqa: E731
-        row["zoomed_after_prefill"] = resident() if hasattr(policy, "zoom") else None
-        steps, out = [], []
-        for i in range(n_predict):
-            tok = int(np.argmax(logits))
-            out.append(tok)
-            logits = policy.step(tok)
-            if hasattr(policy, "zoom"):
-                steps.append(resident())
+        row["zoomed_after_prefill"] = zoomed(memory, ids) if memory is not None else None
+        steps: list = []
+        done = decode_loop(policy.step, logits, n_predict, greedy,
+                           after_step=lambda k, logits: steps.append(zoomed(memory, ids)) if memory else None)
         row["zoomed_per_step"] = steps
-        row["text"] = policy.session.text(out)
+        row["text"] = policy.session.text(done.tokens)
         row["found"] = value in row["text"]
         stats = policy.stats()
-        row["sekv"] = stats.get("sekv")
-        row["host_kv_bytes"] = int(stats.get("host_kv_bytes", 0))
-        row["device_kv_bytes"] = int(stats["device_kv_bytes"])
+        row["sekv"] = asdict(stats.sekv) if stats.sekv else None
+        row["host_kv_bytes"] = stats.host_kv_bytes
+        row["device_kv_bytes"] = stats.device_kv_bytes
         row["full_kv_bytes"] = full_kv_bytes(policy.session, n_ctx, policy.session.config.n_ubatch)
     finally:
         policy.close()
     return row
-
-
-def _where(policy, needle: tuple[int, int]) -> tuple[dict, list[int]]:
-    """How many needle tokens are anchors, sinks, in the window or in spans, and the ids of those spans."""
-    pos = set(range(*needle))
-    if not hasattr(policy, "store"):
-        return {"resident": len(pos)}, []
-    ids = [s.id for s in policy.store.spans if pos & set(s.positions.tolist())]
-    in_spans = sum(len(pos & set(s.positions.tolist())) for s in policy.store.spans)
-    text = lambda ps: policy.session.text([policy.tokens[p] for p in sorted(ps)])  # noqa: E731
-    parts = {str(s.id): text(pos & set(s.positions.tolist())) for s in policy.store.spans if s.id in ids}
-    return {"anchors": len(pos & set(policy.anchors)), "window": len(pos & set(policy.window.pos.tolist())),
-            "spans": in_spans, "span_ids": ids, "span_text": parts,
-            "anchor_text": text(pos & set(policy.anchors))}, ids
 
 
 def main() -> int:

@@ -2,8 +2,8 @@
 
 Capture under full KV on Gemma 3 270M (RULER needle prompts, prose haystacks): every hooked layer's K rows, the
 queries of the last prompt token (the engine's first, decisive routing), of the token before it (the same with the
-engine's one-step lag) and of each greedy answer token; SeKV's segmentation of the prompt (sinks, anchors and the
-recent window of a ``--budget`` plan stay out of the spans) and the needle sentence's token range. Per (query,
+engine's one-step lag) and of each greedy answer token; SeKV's segmentation of the prompt, cut as the engine's exact
+prefill cuts it for a ``--budget`` plan (``policies.prompt_cut``: sinks, anchors and the window stay out of the spans) and the needle sentence's token range. Per (query,
 layer), every router ranks every span (the engine's code: ``sekv_gguf.router``); the reference is exact span mass
 (``mass`` over raw host rows). Metrics at M spans (the zoom capacity of the plan, and ``--m-share`` of the spans):
 
@@ -32,9 +32,11 @@ import numpy as np
 
 from sekv_gguf import native
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig, round_cells
+from sekv_gguf.decode import decode_loop
 from sekv_gguf.eval import make_case
 from sekv_gguf.models import default_model_path
 from sekv_gguf.policies.budget import BudgetPlan
+from sekv_gguf.policies.prompt_cut import cut_prompt
 from sekv_gguf.provenance import envelope
 from sekv_gguf.router import (HeldSpans, IndexRouter, LowRankMassRouter, Router, SummaryRouter, TrainedRouter,
                               verify)
@@ -57,9 +59,8 @@ def capture(model, tokens: list[int], n_answer: int, threads: int) -> dict:
     queries = [[hook.query(i).copy() for i in range(n_layer)]]          # the token before the last: lag of first
     surp[-1:], prev = session.decode_scored(tokens[-1:], prev)
     queries.append([hook.query(i).copy() for i in range(n_layer)])        # the last prompt token: first decision
-    for _ in range(n_answer):
-        prev = session.decode([int(np.argmax(prev))])
-        queries.append([hook.query(i).copy() for i in range(n_layer)])
+    decode_loop(lambda tok: session.decode([tok]), prev, n_answer,
+                after_step=lambda k, logits: queries.append([hook.query(i).copy() for i in range(n_layer)]))
     return {"session": session, "surprisal": surp, "queries": queries[:-1] if n_answer else queries}
 
 
@@ -72,13 +73,7 @@ def study(model, case, tokens: list[int], args, adapter_router: Router | None) -
         n = len(tokens)
         plan = BudgetPlan.of(BudgetConfig(kv_budget=args.budget), n + args.answer_tokens, cfg.zoom_share,
                              cfg.anchor_share)
-        n_sink = plan.config.n_sink
-        window_start = max(n_sink, n - plan.window)
-        seg = Segmenter(cfg, plan.anchor_cap)
-        seg.observe(surp[n_sink:])
-        cut = seg.cut(surp[n_sink:window_start], final=True,
-                      ends=span_ends(cfg, session.piece, tokens[n_sink:window_start]))
-        groups = [n_sink + g for g in cut.spans]
+        groups = cut_prompt(Segmenter(cfg, plan.anchor_cap), surp, plan, cfg, span_ends(cfg, session.piece, tokens)).spans
         hook = session.hook
         layer = hook.layers[0]
         store = SpanStore(hook.info.n_layer_kv, layer.n_head_kv, layer.head_dim_k, cfg,

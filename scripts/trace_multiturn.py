@@ -17,8 +17,11 @@ import numpy as np
 
 from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
+from sekv_gguf.decode import decode_loop, greedy
 from sekv_gguf.engine import make_policy
+from sekv_gguf.eval.trace import sekv_memory, spans_holding
 from sekv_gguf.models import default_model_path
+from sekv_gguf.policies import Policy
 from sekv_gguf.provenance import envelope
 from sekv_gguf.ruler_tasks import answer_span, make_case, token_range
 from sekv_gguf.session import load_model
@@ -26,7 +29,7 @@ from sekv_gguf.session import load_model
 N_TOP = 5  # first-answer-token candidates reported
 
 
-def top(policy, logits: np.ndarray) -> list[tuple[str, float]]:
+def top(policy: Policy, logits: np.ndarray) -> list[tuple[str, float]]:
     p = np.exp(logits - logits.max())
     p /= p.sum()                                                      # [n_vocab]
     best = np.argsort(-p)[:N_TOP]
@@ -43,23 +46,22 @@ def run(model, doc: list[int], turns: list[tuple[list[int], str]], spans_of: lis
     row: dict = {"policy": name, "budget": budget, "mode": mode, "turns": []}
     try:
         policy.prefill(doc)
-        ids = []  # per needle: the ids of the spans holding its tokens
-        if hasattr(policy, "store"):
-            for a, b in spans_of:
-                pos = set(range(a, b))
-                ids.append([s.id for s in policy.store.spans if pos & set(s.positions.tolist())])
+        memory = sekv_memory(policy)
+        ids = [spans_holding(memory, range(a, b)) for a, b in spans_of] if memory else []  # per needle: its spans
+        if memory is not None:
             row["needle_spans"] = ids
             row["needle_anchor_text"] = [policy.session.text([policy.tokens[p] for p in sorted(set(range(a, b))
-                                                                                                  & set(policy.anchors))])
+                                                                                                  & set(memory.anchors))])
                                          for a, b in spans_of]
         for question, answer in turns:
             asked = next(i for i, (a, b) in enumerate(spans_of)
                          if answer in policy.session.text(doc[a:b]))
             ranks: dict[int, list[int]] = {}
-            if hasattr(policy, "zoom"):
-                choose = policy.zoom.choose.__func__
+            if memory is not None:
+                zoom = memory.zoom
+                choose = zoom.choose.__func__
 
-                def chooser(scores, lengths, _self=policy.zoom, _asked=asked):
+                def chooser(scores, lengths, _self=zoom, _asked=asked):
                     scores = np.asarray(scores, dtype=np.float64).copy()  # [n_spans]
                     order = list(np.argsort(-scores, kind="stable"))
                     ikv = len(ranks)
@@ -72,21 +74,17 @@ def run(model, doc: list[int], turns: list[tuple[list[int], str]], spans_of: lis
                                 scores[sp] = -np.inf
                     return choose(_self, scores, lengths)
 
-                policy.zoom.choose = chooser
+                zoom.choose = chooser
             logits = policy.append(question)
             first = top(policy, logits)
-            out = []
-            for _ in range(n_predict):
-                tok = int(np.argmax(logits))
-                out.append(tok)
-                logits = policy.step(tok)
-            if hasattr(policy, "zoom"):
-                policy.zoom.choose = choose.__get__(policy.zoom)
+            out = decode_loop(policy.step, logits, n_predict, greedy).tokens
+            if memory is not None:
+                zoom.choose = choose.__get__(zoom)
             text = policy.session.text(out)
             turn = {"asked": asked, "answer": answer, "text": text, "hit": answer in text, "first": first}
-            if hasattr(policy, "zoom"):
-                turn["ranks_at_question"] = [ranks[k] for k in sorted(ranks)][: policy.n_layer]
-                turn["resident_after"] = [[sorted(set(sp) & set(r)) for sp in ids] for r in policy.zoom.resident]
+            if memory is not None:
+                turn["ranks_at_question"] = [ranks[k] for k in sorted(ranks)][: memory.store.n_layer]
+                turn["resident_after"] = [[sorted(set(sp) & set(r)) for sp in ids] for r in memory.zoom.resident]
             row["turns"].append(turn)
     finally:
         policy.close()

@@ -1,4 +1,4 @@
-"""The one decode loop: every caller that steps a policy token by token goes through ``decode_loop`` — greedy
+"""The one decode loop: every caller that steps a memory token by token goes through ``decode_loop`` — greedy
 generation (``engine.generate``, evaluation turns, soak runs, traces), teacher forcing (fidelity) and the tokens
 llama-cpp-python's sampler hands ``SekvLlama.eval``. What a caller adds rides on its hooks: ``on_token`` (a token
 is chosen, before it is decoded: streaming text, cancellation) and ``after_step`` (after its decode: checks,
@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-
-from .policies import Policy
 
 # the next token given the current logits f32 [n_vocab] and how many tokens the loop has produced
 TokenSource = Callable[[np.ndarray, int], int]
@@ -36,12 +34,12 @@ class Decoded:
     stopped_at_eos: bool = False
 
 
-def decode_loop(policy: Policy, logits: np.ndarray, n: int, source: TokenSource = greedy, *,
+def decode_loop(step: Callable[[int], np.ndarray], logits: np.ndarray, n: int, source: TokenSource = greedy, *,
                 eos: int | None = None, step_last: bool = True,
                 on_token: Callable[[int], None] | None = None,
                 after_step: Callable[[int, np.ndarray], None] | None = None) -> Decoded:
-    """Up to ``n`` tokens from ``source``, each decoded into ``policy`` (``policy.step``) starting from the logits
-    ``logits`` of a prefill or append. ``eos``: a token that ends the loop undecoded. ``step_last`` False leaves the
+    """Up to ``n`` tokens from ``source``, each decoded by ``step`` (a policy's ``step``; a bare session's decode of one
+    token) starting from the logits ``logits`` of a prefill or append. ``eos``: a token that ends the loop undecoded. ``step_last`` False leaves the
     last token undecoded (a reply whose next logits nobody reads). ``after_step(k, logits)`` runs after the k-th
     token's decode."""
     out: list[int] = []
@@ -53,7 +51,7 @@ def decode_loop(policy: Policy, logits: np.ndarray, n: int, source: TokenSource 
         if on_token is not None:
             on_token(tok)
         if i + 1 < n or step_last:
-            logits = policy.step(tok)
+            logits = step(tok)
             if after_step is not None:
                 after_step(len(out), logits)
     return Decoded(out, logits)

@@ -99,7 +99,7 @@ def generate(policy: Policy, prompt: list[int], n_predict: int, model_name: str 
     t0 = time.perf_counter()
     logits = policy.prefill(prompt)
     t1 = time.perf_counter()
-    done = decode_loop(policy, logits, n_predict, greedy,
+    done = decode_loop(policy.step, logits, n_predict, greedy,
                        eos=llama_cpp.llama_vocab_eos(session.model.vocab) if stop_at_eos else None, step_last=False,
                        on_token=None if on_text is None else lambda tok: on_text(utf8.decode(session.piece(tok))))
     t2 = time.perf_counter()

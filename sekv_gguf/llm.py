@@ -191,7 +191,7 @@ class SekvLlama(llama_cpp.Llama):
                 memory.mark_prompt()
                 self._phase = "generate"
             else:
-                decode_loop(memory.active, np.zeros(0, dtype=np.float32), len(tokens), forced(tokens),
+                decode_loop(memory.active.step, np.zeros(0, dtype=np.float32), len(tokens), forced(tokens),
                             after_step=lambda k, logits: self._keep_row())
         except BaseException:
             memory.reset()  # the memory may be half updated

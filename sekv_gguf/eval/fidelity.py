@@ -43,7 +43,7 @@ def forced_logits(policy: Policy, tokens: list[int], n_steps: int) -> Iterator[n
     if half < 1 or steps < 1:
         raise ValueError(f"a document of {len(tokens)} tokens is too short for teacher forcing")
     rows = [policy.prefill(tokens[:half])]
-    decode_loop(policy, rows[0], steps - 1, forced(tokens[half:]), after_step=lambda k, logits: rows.append(logits))
+    decode_loop(policy.step, rows[0], steps - 1, forced(tokens[half:]), after_step=lambda k, logits: rows.append(logits))
     yield from rows
 
 

@@ -240,7 +240,7 @@ def _converse(make: Callable[[int], Any], model: Any, case: Any, doc: list[int],
         policy.prefill(doc)
         t1 = time.perf_counter()
         for (question, _), n in zip(turns, per_turn):
-            done = decode_loop(policy, policy.append(question), n, greedy, eos=model.token_eos())
+            done = decode_loop(policy.step, policy.append(question), n, greedy, eos=model.token_eos())
             outputs.append(policy.session.text(done.tokens))
         stats = policy.stats()
     finally:

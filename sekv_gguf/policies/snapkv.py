@@ -19,6 +19,7 @@ from scipy.ndimage import uniform_filter1d
 
 from .. import native
 from ..config import round_cells
+from ..decode import decode_loop, forced
 from ..session import Session
 from ..transfer import copy_tokens
 from .eviction import EvictionConfig, EvictionPolicy
@@ -74,11 +75,14 @@ class SnapKVPolicy(EvictionPolicy):
             prefix_cells = full.hook.cells_of(n_prefix)
             votes = np.zeros((self.n_layer, n_prefix), dtype=np.float32)  # [n_layer, n_prefix]
             keys = [full.hook.get_rows(ikv, prefix_cells)[0] for ikv in range(self.n_layer)]  # f16 [n, Hkv, d]
-            logits = None
-            for t in tokens[n_prefix:]:
-                logits = full.decode([t])
+
+            def vote(k: int, logits: np.ndarray) -> None:  # the observation window's queries vote on the prefix
                 for ikv in range(self.n_layer):
                     native.attn_mass(full.hook.query(ikv), keys[ikv], votes[ikv])
+
+            window = tokens[n_prefix:]
+            logits = decode_loop(lambda t: full.decode([t]), np.zeros(0, dtype=np.float32), len(window),
+                                 forced(window), after_step=vote).logits
             self.n_prefilled = len(tokens)
             per_layer = self.select(votes, n_keep)
             union = np.unique(np.concatenate(per_layer))

@@ -69,7 +69,7 @@ def _run(model: Any, cfg: SoakConfig, progress: Callable[[int], None] | None) ->
                 progress(k)
 
     try:
-        out = decode_loop(policy, policy.prefill(tokens), cfg.steps, greedy, after_step=sample).tokens
+        out = decode_loop(policy.step, policy.prefill(tokens), cfg.steps, greedy, after_step=sample).tokens
         stats = policy.stats()
         full = full_kv_bytes(policy.session, n_ctx, policy.session.config.n_ubatch)
     finally:
@@ -114,7 +114,7 @@ def open_close_soak(model: Any, cfg: SoakConfig = SoakConfig(),
         policy = make_policy("sekv", model, len(tokens) + cfg.cycle_steps + 1, ContextConfig(n_threads=cfg.threads),
                              BudgetConfig(kv_budget=0.5), SekvConfig())
         try:
-            decode_loop(policy, policy.prefill(tokens), cfg.cycle_steps, greedy)
+            decode_loop(policy.step, policy.prefill(tokens), cfg.cycle_steps, greedy)
         finally:
             policy.close()
         if i + 1 == warm_at:

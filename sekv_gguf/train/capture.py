@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import BudgetConfig, ContextConfig, SekvConfig, round_cells
+from ..decode import decode_loop, forced
 from ..policies.budget import BudgetPlan
 from ..policies.prompt_cut import cut_prompt
 from ..segment import Segmenter, span_ends
@@ -88,8 +89,10 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
                      for k in keys_all]  # [S, Hkv, d]
         out: dict[str, list] = {f"{name}{ikv}": [] for ikv in range(n_layer)
                                 for name in ("q", "l_true", "l_sum", "l_rest", "y")}
-        for t in range(n_pre, n):
-            s.decode([tokens[t]])
+
+        def record(n_done: int, _logits: np.ndarray) -> None:
+            """After each query token's decode: its full attention over every earlier token, per layer."""
+            t = n_pre + n_done - 1
             cell = s.hook.cells_from(t)  # [1] the token just decoded
             for ikv in range(n_layer):
                 k_new = s.hook.get_rows(ikv, cell)[0].astype(np.float64)  # [1, Hkv, d]
@@ -119,6 +122,9 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
                 out[f"l_rest{ikv}"].append(l_rest)
                 out[f"y{ikv}"].append(y)
                 out.setdefault(f"span_mass{ikv}", []).append(share.sum(axis=1))  # [H]
+
+        decode_loop(lambda tok: s.decode([tok]), np.zeros(0, dtype=np.float32), n - n_pre, forced(tokens[n_pre:]),
+                    after_step=record)
         result = {k: np.stack(v) for k, v in out.items()}
         for ikv in range(n_layer):
             result[f"keys{ikv}"] = summaries[ikv]
