@@ -13,7 +13,7 @@ exceed the budget.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import llama_cpp
 import numpy as np
