@@ -1,4 +1,5 @@
-"""KV-cache policies, all driven through the same hook and decode loop (``sekv_gguf.engine``)."""
+"""KV-cache policies, all driven through the same hook and decode loop (``sekv_gguf.decode``); what each remembers is
+one memory object (``memory_state.PolicyMemory``; SeKV's ``sekv_memory.SekvMemory``)."""
 
 from .base import Policy
 from .chunkkv import ChunkKVConfig, ChunkKVPolicy
