@@ -47,6 +47,11 @@ class ContextConfig:
     n_ctx: int = setting(4096, "cells of the (base) KV cache; llama.cpp rounds it up to a multiple of 256")
     n_batch: int = setting(512, "most tokens per llama_decode call")
     n_ubatch: int = setting(512, "most tokens per compute step")
+    logits_mib: float = setting(128.0, "most MiB of f32 logits one llama_decode returns: a decode that wants every "
+                                       "token's logits (surprisal) goes in pieces of that many tokens (on Gemma's "
+                                       "262K vocabulary 1 MiB a token: 128 tokens), and llama.cpp reserves its "
+                                       "compute and output buffers for that many rows, not for the whole batch; 0: "
+                                       "the whole batch")
     n_threads: int = setting(0, "CPU threads (0: $SEKV_THREADS if set, else half the logical cores, at least one — "
                                 "llama-cpp-python's default: physical cores on SMT machines, and room for the rest of "
                                 "a desktop; measured in docs/reliability.md)")
@@ -83,6 +88,8 @@ class ContextConfig:
             raise ValueError(f"n_ctx must be >= 1, got {self.n_ctx}")
         if self.n_batch < 1 or self.n_ubatch < 1:
             raise ValueError(f"n_batch and n_ubatch must be >= 1, got {self.n_batch}, {self.n_ubatch}")
+        if not self.logits_mib >= 0:
+            raise ValueError(f"logits_mib must be >= 0, got {self.logits_mib}")
         if self.n_ubatch > self.n_batch:
             raise ValueError(f"n_ubatch ({self.n_ubatch}) must not exceed n_batch ({self.n_batch})")
         if self.n_threads < 0:
@@ -242,6 +249,13 @@ class SekvConfig:
                  'where the callback is unsupported (cache not in host memory) it falls back to "refresh": decode, '
                  "route with the captured queries, decode the turn again (the tail refresh of zoom_lag_refresh)",
         choices=("layer", "refresh"))
+    chunk_routing: str = setting(
+        "none", "how a streamed prompt's chunks reach the spans already compressed. \"none\": they read summaries "
+                "and what the zoom slots hold, routed once after the last chunk; \"layer\": each llama_decode of a "
+                "scored chunk (n_outputs tokens) routes inside itself, each hooked layer with that decode's query "
+                "before its attention (the layer callback, new zooms capped at max_new_zooms per layer); where the "
+                "callback is unsupported, a routing after each chunk serves the next (lagged)",
+        choices=("none", "layer"))
     step_routing: str = setting(
         "lagged", "when a decode step's routing (every route_every steps) takes effect. \"lagged\": after the step, "
                   "with its query, for the steps that follow (each step reads what an earlier query chose); "
@@ -274,6 +288,8 @@ class SekvConfig:
             raise ValueError(f"energy_v must be in (0, 1], got {self.energy_v}")
         if self.turn_routing not in ("layer", "refresh"):
             raise ValueError(f"turn_routing must be layer or refresh, got {self.turn_routing!r}")
+        if self.chunk_routing not in ("none", "layer"):
+            raise ValueError(f"chunk_routing must be none or layer, got {self.chunk_routing!r}")
         if self.step_routing not in ("lagged", "layer"):
             raise ValueError(f"step_routing must be lagged or layer, got {self.step_routing!r}")
         if self.span_cuts not in ("sentence", "surprisal"):

@@ -16,7 +16,7 @@ import llama_cpp
 import llama_cpp._internals as _internals
 import llama_cpp._logger as _llama_logger
 
-from .config import KV_TYPES, ContextConfig, round_cells
+from .config import KV_TYPES, MIB, ContextConfig, round_cells
 from . import _threadpool, interrupt, model_params
 from .errors import ModelError, SekvError
 from . import native
@@ -85,6 +85,11 @@ class Session:
         params.n_ctx = config.n_ctx
         params.n_batch = config.n_batch
         params.n_ubatch = config.n_ubatch
+        # logits rows per decode: what the compute and output buffers are sized for (never the whole batch's)
+        n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
+        rows = int(config.logits_mib * MIB // (4 * n_vocab)) if config.logits_mib else config.n_batch
+        self.n_outputs = max(1, min(rows, config.n_batch))
+        params.n_outputs_max = self.n_outputs
         params.n_seq_max = 1
         params.n_threads = config.threads
         params.n_threads_batch = config.threads
@@ -229,8 +234,9 @@ class Session:
         toks = self._check_tokens(tokens)
         start = self.pos_max() + 1 if pos0 is None else int(pos0)
         rows: list[np.ndarray] = []
-        for c0 in range(0, toks.size, self.n_batch):
-            chunk = toks[c0:c0 + self.n_batch]
+        step = self.n_outputs if logits == "all" else self.n_batch  # every row wanted: pieces of n_outputs
+        for c0 in range(0, toks.size, step):
+            chunk = toks[c0:c0 + step]
             last = logits == "last" and c0 + chunk.size == toks.size
             self._decode_chunk(chunk, start + c0, "all" if logits == "all" else "last" if last else "none")
             if logits == "all":
@@ -246,15 +252,15 @@ class Session:
     def decode_scored(self, tokens: Sequence[int], prev_logits: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """Decode ``tokens`` after the newest one; their surprisal (nats) and the last token's logits [n_vocab].
 
-        Surprisal of token i comes from the logits row of token i-1, read in llama.cpp's buffer chunk by chunk
-        (never a prompt x vocab matrix); token 0's from ``prev_logits`` (0 when None).
+        Surprisal of token i comes from the logits row of token i-1, read in llama.cpp's buffer piece by piece of
+        ``n_outputs`` tokens (never a prompt x vocab matrix); token 0's from ``prev_logits`` (0 when None).
         """
         toks = self._check_tokens(tokens)
         start = self.pos_max() + 1
         surp = np.zeros(toks.size, dtype=np.float32)
         prev = prev_logits
-        for c0 in range(0, toks.size, self.n_batch):
-            chunk = toks[c0:c0 + self.n_batch]
+        for c0 in range(0, toks.size, self.n_outputs):
+            chunk = toks[c0:c0 + self.n_outputs]
             self._decode_chunk(chunk, start + c0, "all")
             address = ctypes.cast(llama_cpp.llama_get_logits(self.ctx), ctypes.c_void_p).value
             if prev is not None:

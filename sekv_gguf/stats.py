@@ -40,6 +40,8 @@ class SekvStats:
     device_rows_read_per_route: float
     host_rows_read_per_prompt_route: float  # per layer and prompt routing
     route_ms_per_step: float
+    chunk_routes: int = 0                       # routings inside streamed prompt chunks (chunk_routing)
+    host_rows_read_per_chunk_route: float = 0.0  # per layer and chunk routing
 
 
 @dataclass

@@ -100,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     n_predict = _n_predict(args.n_predict, len(tokens), model.n_ctx_train())
     n_context = len(tokens) + n_predict
     budget = BudgetConfig(kv_budget=args.kv_budget)
-    params = SekvConfig(prefill=args.prefill) if args.policy == "sekv" else None
+    params = SekvConfig(prefill=args.prefill, chunk_routing=args.chunk_routing) if args.policy == "sekv" else None
     router = TrainedRouter.from_file(args.adapter, path) if args.adapter else None
     if router is not None and args.policy != "sekv":
         raise ValueError(f"--adapter is a router for the sekv policy, not for {args.policy}")

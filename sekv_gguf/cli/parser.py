@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", default="sekv", choices=sorted(POLICIES), help="KV policy (default sekv)")
     option(run, BudgetConfig, "kv_budget", type=budget_arg)
     option(run, SekvConfig, "prefill")
+    option(run, SekvConfig, "chunk_routing")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")
     run.add_argument("--adapter", help="trained router adapter (GGUF, from `train`) for the sekv policy")
     run.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")

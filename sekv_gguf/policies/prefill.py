@@ -11,7 +11,7 @@ from typing import Any, Callable
 import llama_cpp
 import numpy as np
 
-from ..config import round_cells
+from ..config import MIB, round_cells
 from ..session import Session, full_kv_bytes
 from ..transfer import copy_tokens
 from .prompt_cut import cut_prompt
@@ -88,6 +88,22 @@ class ExactPasses:
             self.last = None
 
 
+def wants_exact(memory: SekvMemory, tokens: list[int]) -> bool:
+    """Whether ``tokens``, the first into the empty ``memory``, are prefilled exactly (``prefill``; ``auto``: when
+    streaming them would compress some (they are more than the window may hold) and their full KV fits
+    ``exact_prefill_mib``). A prompt of sinks only is streamed: the refresh needs a window token."""
+    cfg, plan = memory.config, memory.plan
+    if (plan.fits or not memory.segmenter.scored or cfg.prefill == "streaming"
+            or len(tokens) <= plan.config.n_sink):
+        return False
+    if cfg.prefill == "exact":
+        return True
+    if len(tokens) <= memory.window_room(0):  # streamed, nothing would be compressed: full attention anyway
+        return False
+    session = memory.session
+    return full_kv_bytes(session, len(tokens), session.config.n_ubatch) <= cfg.exact_prefill_mib * MIB
+
+
 def prefill_exact(memory: SekvMemory, routing: SpanRouting, done: ExactPass, tokens: list[int], owned: bool,
                   on_compress: Callable[[], None]) -> np.ndarray:
     """Fill the empty ``memory`` from the full-attention pass ``done`` over ``tokens``: segment, copy the resident
@@ -103,7 +119,7 @@ def prefill_exact(memory: SekvMemory, routing: SpanRouting, done: ExactPass, tok
         if owned:
             done.close()
     if len(memory.store):
-        routing.route(memory, done.queries, prompt=True)
+        routing.route(memory, done.queries, kind="prompt")
     return refresh_tail(memory, tokens)  # also leaves the last token's logits in the memory's own context
 
 

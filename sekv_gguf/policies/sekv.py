@@ -22,16 +22,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..config import MIB, BudgetConfig, ContextConfig, SekvConfig
+from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..errors import BudgetError
 from ..router import Router, training_free
 from ..segment import Segmenter
-from ..session import Session, full_kv_bytes
+from ..session import Session
 from ..span_store import SpanStore
 from ..stats import PolicyStats
 from .base import Policy
 from .budget import BudgetPlan
-from .prefill import ExactPasses, chunk_starts, exact_pass, prefill_exact, refresh_tail
+from .prefill import ExactPasses, chunk_starts, exact_pass, prefill_exact, refresh_tail, wants_exact
 from .rollback import truncate
 from .sekv_memory import SekvMemory
 from .span_routing import SpanRouting
@@ -90,7 +90,7 @@ class SekvPolicy(Policy):
         refresh the tail; an exact prefill when asked for and the memory is empty. A turn (``turn_tokens``) is
         decoded for its last logits only (no surprisal rows), routed inside that decode (``turn_routing``)."""
         cfg, mem = self.config, self.memory
-        if self._exact_prefill(tokens):
+        if not self.tokens and wants_exact(mem, tokens):
             return self._prefill_exact(tokens)
         turn = bool(self.tokens) and len(tokens) <= cfg.turn_tokens
         scored = not self.plan.fits and mem.segmenter.scored
@@ -99,7 +99,7 @@ class SekvPolicy(Policy):
             scored, fill = False, mem.segmenter.mean
         if turn and len(mem.store) and cfg.turn_routing == "layer" and self.routing.layer_callback:
             mem.make_room(len(tokens))
-            logits = self.routing.in_layers(mem, lambda: mem.decode(tokens, scored, fill), prompt=True)
+            logits = self.routing.in_layers(mem, lambda: mem.decode(tokens, scored, fill), "prompt")
             if logits is not None:
                 mem.counters.layer_routed_turns += 1
                 self._chunk_done(len(tokens), len(tokens))
@@ -107,29 +107,29 @@ class SekvPolicy(Policy):
         starts = chunk_starts(len(tokens), self.plan.chunk, cfg.refresh_tokens)
         for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
             mem.make_room(c1 - c0)  # room for the chunk (an elastic window may have filled the budget)
-            logits = self.memory.decode(tokens[c0:c1], scored=scored, fill=fill)
+            logits = self._decode_chunk(tokens[c0:c1], scored and cfg.chunk_routing == "layer", scored, fill)
             self._chunk_done(c1, c1 - c0)
         if len(mem.store):
             changes = mem.zoom.changes
-            self.routing.route(mem, prompt=True)
+            self.routing.route(mem, kind="prompt")
             if cfg.zoom_lag_refresh and mem.zoom.changes != changes:  # the tail saw other spans
                 logits = refresh_tail(mem, tokens)
                 self.notify()
         return logits
 
-    def _exact_prefill(self, tokens: list[int]) -> bool:
-        """Whether ``tokens``, the first into this memory, are prefilled exactly (``prefill``; ``auto``: when
-        streaming them would compress some (they are more than the window may hold) and their full KV fits
-        ``exact_prefill_mib``). A prompt of sinks only is streamed: the refresh needs a window token."""
-        cfg = self.config
-        if (self.plan.fits or not self.memory.segmenter.scored or self.tokens or cfg.prefill == "streaming"
-                or len(tokens) <= self.plan.config.n_sink):
-            return False
-        if cfg.prefill == "exact":
-            return True
-        if len(tokens) <= self.memory.window_room(0):  # streamed, nothing would be compressed: full attention anyway
-            return False
-        return full_kv_bytes(self.session, len(tokens), self.session.config.n_ubatch) <= cfg.exact_prefill_mib * MIB
+    def _decode_chunk(self, chunk: list[int], routed: bool, scored: bool, fill: float) -> np.ndarray:
+        """One streamed chunk; ``routed`` (``chunk_routing``, once spans exist): routed inside its decodes, or, where
+        the layer callback is refused, decoded and then routed for the next chunk."""
+        mem = self.memory
+        if not (routed and len(mem.store)):
+            return mem.decode(chunk, scored=scored, fill=fill)
+        if self.routing.layer_callback:
+            logits = self.routing.in_layers(mem, lambda: mem.decode(chunk, scored=scored, fill=fill), "chunk")
+            if logits is not None:
+                return logits
+        logits = mem.decode(chunk, scored=scored, fill=fill)
+        self.routing.route(mem, kind="chunk")
+        return logits
 
     def _prefill_exact(self, tokens: list[int]) -> np.ndarray:
         """Full attention over ``tokens`` in a temporary full-size context (from ``exact_passes`` when it holds one
@@ -162,7 +162,7 @@ class SekvPolicy(Policy):
         due = mem.steps % self.config.route_every == 0
         if due and len(mem.store) and self.config.step_routing == "layer" and self.routing.layer_callback:
             self.irreversible()
-            logits = self.routing.in_layers(mem, lambda: mem.decode([token], scored=False), prompt=False)
+            logits = self.routing.in_layers(mem, lambda: mem.decode([token], scored=False), "step")
             if logits is not None:
                 mem.counters.layer_routed_steps += 1
                 mem.make_room(1)

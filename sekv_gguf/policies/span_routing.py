@@ -1,7 +1,9 @@
 """How SeKV chooses spans and zooms a memory into them: per hooked layer, the router ranks the spans for that
-layer's query and the zoom slots take the best (``ZoomSlots.zoom``). A routing right after a prompt or turn may
-use another router than decode steps (``prompt_scan``: exact mass over every span when the policy's router is
-two-stage). What it reads and rebuilds is counted in the memory's ``counters``."""
+layer's query and the zoom slots take the best (``ZoomSlots.zoom``). A routing is of one kind: ``prompt`` (right
+after a prompt or turn: new zooms uncapped, and with ``prompt_scan`` exact mass over every span when the policy's
+router is two-stage), ``chunk`` (inside a streamed prompt chunk's decode) or ``step`` (a decode step's); the last
+two rebuild at most ``max_new_zooms`` spans per layer. Each routing advances the memory's ``clock``, which stamps the
+zooms for the LRU. What it reads and rebuilds is counted in the memory's ``counters``."""
 
 from __future__ import annotations
 
@@ -25,55 +27,61 @@ class SpanRouting:
         self.scan_router = LowRankMassRouter()  # exact mass over every span: the prompt routing's (prompt_scan)
         self.layer_callback = True  # until the hook says its layer callback is unsupported
 
-    def router_for(self, prompt: bool) -> Router:
+    def router_for(self, kind: str) -> Router:
         """The router of a routing: exact mass over every span for a prompt with ``prompt_scan`` and a two-stage
         router, else the policy's."""
-        return self.scan_router if prompt and self.config.prompt_scan and self.router.two_stage else self.router
+        scan = kind == "prompt" and self.config.prompt_scan and self.router.two_stage
+        return self.scan_router if scan else self.router
 
     @single_threaded_blas
-    def route(self, memory: SekvMemory, queries: list[np.ndarray] | None = None, prompt: bool = False) -> None:
+    def route(self, memory: SekvMemory, queries: list[np.ndarray] | None = None, kind: str = "step") -> None:
         """Zoom every layer of ``memory`` into the best-scoring spans for the captured (or given) queries
-        [n_head, head_dim] per layer. ``prompt``: the routing right after a prompt, where its question has just
-        arrived: new zooms are not capped."""
+        [n_head, head_dim] per layer."""
         t0 = time.perf_counter()
-        router, counts = self.router_for(prompt), memory.counters.of(prompt)
-        self.count(memory, prompt)
+        router, counts = self.router_for(kind), memory.counters.of(kind)
+        memory.clock += 1
+        self.count(memory, kind)
         rebuilt = memory.zoom.rebuilt_rows
         for ikv in range(memory.store.n_layer):
             query = memory.hook.query(ikv) if queries is None else queries[ikv]
-            self.route_layer(memory, ikv, query, router, prompt)
+            self.route_layer(memory, ikv, query, router, kind)
         counts.host_rows += memory.zoom.rebuilt_rows - rebuilt  # the new zooms' host rows
         memory.counters.zoom_s += time.perf_counter() - t0
 
-    def count(self, memory: SekvMemory, prompt: bool) -> None:
+    def count(self, memory: SekvMemory, kind: str) -> None:
         memory.counters.route_calls += 1
-        memory.counters.of(prompt).routes += 1
+        memory.counters.of(kind).routes += 1
 
-    def route_layer(self, memory: SekvMemory, ikv: int, query: np.ndarray, router: Router, prompt: bool) -> None:
+    def route_layer(self, memory: SekvMemory, ikv: int, query: np.ndarray, router: Router, kind: str) -> None:
         """Rank the spans for layer ``ikv``'s query [n_head, head_dim] and zoom that layer into the best ones
         (only rows and bias of the layer change: safe inside a decode's layer callback)."""
         ranking = router.rank(ikv, query, memory.store, memory.zoom)
-        counts = memory.counters.of(prompt)
+        counts = memory.counters.of(kind)
         counts.host_rows += ranking.host_rows
         counts.device_rows += ranking.device_rows
         memory.zoom.zoom(ikv, memory.zoom.choose(ranking.scores, memory.store.lengths), memory.store.spans,
-                         memory.steps, capped=not prompt)
+                         memory.clock, capped=kind != "prompt")
 
     @single_threaded_blas
-    def in_layers(self, memory: SekvMemory, decode: Callable[[], np.ndarray], prompt: bool) -> np.ndarray | None:
-        """Run ``decode`` (one decode into ``memory``'s context) with each hooked layer routing (a prompt's routing
-        or a step's) with this decode's own query before its attention reads the cache (the hook's layer
-        callback); its logits, or None, with nothing decoded, where the hook refuses the callback (it is not asked
-        again)."""
-        router, counters = self.router_for(prompt), memory.counters
+    def in_layers(self, memory: SekvMemory, decode: Callable[[], np.ndarray], kind: str) -> np.ndarray | None:
+        """Run ``decode`` (decodes into ``memory``'s context) with each hooked layer routing, in every llama_decode,
+        with that decode's own query before its attention reads the cache (the hook's layer callback); its logits,
+        or None, with nothing decoded, where the hook refuses the callback (it is not asked again)."""
+        router, counters = self.router_for(kind), memory.counters
         rebuilt = memory.zoom.rebuilt_rows
+        per_decode = kind == "chunk"  # a chunk's every llama_decode is a routing of its own
+        if not per_decode:
+            memory.clock += 1
 
         def route_layer(ikv: int) -> None:
             t0 = time.perf_counter()
-            self.route_layer(memory, ikv, memory.hook.query(ikv), router, prompt)
+            if per_decode and ikv == 0:
+                memory.clock += 1
+                self.count(memory, kind)
+            self.route_layer(memory, ikv, memory.hook.query(ikv), router, kind)
             dt = time.perf_counter() - t0
             counters.zoom_s += dt
-            counters.step_route_s += 0.0 if prompt else dt
+            counters.step_route_s += dt if kind == "step" else 0.0
 
         logits = None
         try:
@@ -84,6 +92,7 @@ class SpanRouting:
                 raise
             self.layer_callback = False  # refused before the decode: nothing was decoded
             return None
-        self.count(memory, prompt)
-        counters.of(prompt).host_rows += memory.zoom.rebuilt_rows - rebuilt
+        if not per_decode:
+            self.count(memory, kind)
+        counters.of(kind).host_rows += memory.zoom.rebuilt_rows - rebuilt
         return logits
