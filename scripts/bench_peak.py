@@ -99,11 +99,12 @@ def plot(rows: list[dict], path: Path, args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(7, 4))
     names = [r["setting"] for r in rows]
     ax.bar(names, [r["context_cost_bytes"] / 2**20 for r in rows], label="max RSS − short prompt's")
     ax.bar(names, [r["device_kv_bytes"] / 2**20 for r in rows], width=0.4, label="device KV")
     ax.set_ylabel("MiB")
+    ax.tick_params(axis="x", labelrotation=15)
     ax.set_title(f"peak memory of a {args.tokens}-token prompt, budget {args.budget:g}")
     ax.legend()
     fig.tight_layout()
