@@ -321,4 +321,7 @@ def report_lines(r: dict[str, Any]) -> list[str]:
     if kv["is_iswa"]:
         lines.append(f"SWA cache     {kv['swa_kv_size']} cells, {kv['swa_kv_bytes'] / mib:.2f} MiB (not hooked)")
     lines.append(f"device KV     {r['device_kv_bytes'] / mib:.2f} MiB in all")
+    if "kv_budget_auto" in r:
+        auto = r["kv_budget_auto"]
+        lines.append(f"kv budget     auto -> {auto['kv_budget']:g} ({auto['reason']})")
     return lines

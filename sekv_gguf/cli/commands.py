@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
-from .. import rpc
+from .. import auto_budget, rpc
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..documents import default_prompt
 from ..engine import RunResult, generate, make_policy
@@ -22,6 +22,7 @@ from ..session import Session, apply_chat_template, load_model
 from ..textfile import read_text
 from .flags import CHAT_FIELDS, device_config, sekv_overrides
 from .parser import build_parser
+
 
 def _model_path(arg: str | None) -> str:
     if arg:
@@ -39,6 +40,9 @@ def cmd_info(args: argparse.Namespace) -> int:
                   **session.hook.report()}
         if config.rpc_servers:
             report["devices"] = rpc.describe(rpc.devices(config.rpc_servers, config.rpc_timeout_s))
+        if args.kv_budget == "auto":
+            chosen = auto_budget.resolve(session.model, config, args.n_ctx)
+            report["kv_budget_auto"] = {"kv_budget": chosen.kv_budget, "reason": chosen.reason}
     print(json.dumps(report) if args.json else "\n".join(report_lines(report)))
     return 0
 
@@ -99,7 +103,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     tokens = model.tokenize(text.encode("utf-8"), add_bos=True, special=args.chat)
     n_predict = _n_predict(args.n_predict, len(tokens), model.n_ctx_train())
     n_context = len(tokens) + n_predict
-    budget = BudgetConfig(kv_budget=args.kv_budget)
+    kv_budget = args.kv_budget
+    if kv_budget == "auto":
+        chosen = auto_budget.resolve(model, ctx_config, n_context)
+        kv_budget = chosen.kv_budget
+        if not args.quiet:
+            print(f"kv budget (auto): {chosen.reason}", file=sys.stderr)
+    budget = BudgetConfig(kv_budget=kv_budget)
     params = SekvConfig(prefill=args.prefill, chunk_routing=args.chunk_routing) if args.policy == "sekv" else None
     router = TrainedRouter.from_file(args.adapter, path) if args.adapter else None
     if router is not None and args.policy != "sekv":

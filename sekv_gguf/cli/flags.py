@@ -25,6 +25,11 @@ def budget_arg(text: str) -> float:
     return value
 
 
+def budget_or_auto(text: str) -> float | str:
+    """``--kv-budget`` of ``run`` and ``info``: cells, a fraction, or "auto" (sized by the devices' free memory)."""
+    return "auto" if text == "auto" else budget_arg(text)
+
+
 def option(p: argparse.ArgumentParser, cls: type, name: str, *flags: str, **kwargs: Any) -> None:
     """The flag of field ``name`` of the dataclass ``cls``, built from the field (as llama-cpp-python's server builds
     its flags from its settings model): ``--name-with-dashes`` unless ``flags`` are given, the field's default, the

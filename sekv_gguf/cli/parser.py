@@ -8,7 +8,7 @@ import dataclasses
 
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..policies import POLICIES
-from .flags import (CHAT_FIELDS, EVAL_FLAGS, RUN_N_PREDICT, SERVE_NO_FLAG, TRAIN_HELP, budget_arg, device_args,
+from .flags import (CHAT_FIELDS, EVAL_FLAGS, RUN_N_PREDICT, SERVE_NO_FLAG, TRAIN_HELP, budget_or_auto, device_args,
                     field_help, option, serve_option)
 
 DESCRIPTION = "sekv_gguf: a resolution-adaptive KV cache for llama.cpp"
@@ -31,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"tokens to generate (default {RUN_N_PREDICT}; -1: until end of text or the model's training "
                           "context is full, --kv-budget's fraction then taken of that context)")
     run.add_argument("--policy", default="sekv", choices=sorted(POLICIES), help="KV policy (default sekv)")
-    option(run, BudgetConfig, "kv_budget", type=budget_arg)
+    option(run, BudgetConfig, "kv_budget", type=budget_or_auto, metavar="CELLS|FRACTION|auto",
+           help=field_help(BudgetConfig, "kv_budget") + '; "auto": the cells the GPU or RPC devices have free after '
+                "the weights (less a margin and the context's other buffers; without such a device the default "
+                "fraction)")
     option(run, SekvConfig, "prefill")
     option(run, SekvConfig, "chunk_routing")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")
@@ -87,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="print the KV hook's view of a model's context")
     info.add_argument("model", nargs="?", help=model_help)
     option(info, ContextConfig, "n_ctx")
+    info.add_argument("--kv-budget", type=budget_or_auto, metavar="auto",
+                      help='"auto": also print the budget --kv-budget auto would choose for a context of n_ctx tokens')
     info.add_argument("--json", action="store_true", help="print one JSON object")
     option(info, ContextConfig, "verbose")
     device_args(info)
