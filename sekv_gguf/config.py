@@ -208,9 +208,11 @@ class SekvConfig:
                 "is full attention either way); streamed, every row past the first layer comes from attention over "
                 "the compressed past",
         choices=("auto", "streaming", "exact"))
-    exact_prefill_mib: float = setting(1024.0, 'with prefill "auto", the most MiB of full KV (the prompt\'s, the '
-                                               "transient context an exact prefill allocates and frees) for which the "
-                                               "prefill is exact; 0: always streaming")
+    exact_prefill_mib: float | None = setting(
+        None, 'with prefill "auto", the most MiB of full KV (the prompt\'s: the transient context an exact prefill '
+              "allocates beside the budget and frees) for which the prefill is exact; None: half of what the memory "
+              "the cache lives in has free when the prompt arrives, less the budget's KV (the RAM's MemAvailable on "
+              "a CPU, the GPU or RPC devices' free memory otherwise); 0: always streaming")
     router: str = setting(
         "index", 'the training-free score when no trained router is given: "index" (two-stage: the block index '
                  "proposes, the resident spans and verify_candidates others are ordered by exact mass; bounded "
@@ -308,5 +310,5 @@ class SekvConfig:
             raise ValueError(f"router must be one of {', '.join(TRAINING_FREE_SCORES)}, got {self.router!r}")
         if self.prefill not in ("auto", "streaming", "exact"):
             raise ValueError(f"prefill must be auto, streaming or exact, got {self.prefill!r}")
-        if not self.exact_prefill_mib >= 0:
+        if self.exact_prefill_mib is not None and not self.exact_prefill_mib >= 0:
             raise ValueError(f"exact_prefill_mib must be >= 0, got {self.exact_prefill_mib}")

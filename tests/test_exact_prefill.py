@@ -46,6 +46,19 @@ def test_auto_prefill_is_exact_while_the_prompt_s_full_kv_fits_the_cap(llama_mod
         SekvConfig(exact_prefill_mib=-1)
 
 
+def test_the_default_cap_follows_the_memory_free_where_the_cache_lives(llama_model, monkeypatch):
+    """exact_prefill_mib None: exact while the prompt's full KV fits half of the free memory less the budget's KV
+    (a fake figure for the RAM here), streaming below it."""
+    from sekv_gguf import auto_budget
+
+    toks = _tokens(llama_model, 1500, offset=200)
+    full = _prefill_kind(llama_model, toks)["full"]
+    monkeypatch.setattr(auto_budget, "free_memory", lambda config: 2 * full + 64 * MIB)
+    assert _prefill_kind(llama_model, toks)["prefill"] == "exact"
+    monkeypatch.setattr(auto_budget, "free_memory", lambda config: full)
+    assert _prefill_kind(llama_model, toks)["prefill"] == "streaming"
+
+
 @pytest.mark.parametrize("which", ["llama", "gemma"])
 def test_a_shared_exact_pass_compresses_as_a_prefill_alone(llama_model, gemma_model, which):
     """Two budgets and two routers compress one shared pass: each run's prefill logits and greedy tokens equal

@@ -11,6 +11,7 @@ from typing import Any, Callable
 import llama_cpp
 import numpy as np
 
+from .. import auto_budget
 from ..config import MIB, round_cells
 from ..session import Session, full_kv_bytes
 from ..transfer import copy_tokens
@@ -91,7 +92,8 @@ class ExactPasses:
 def wants_exact(memory: SekvMemory, tokens: list[int]) -> bool:
     """Whether ``tokens``, the first into the empty ``memory``, are prefilled exactly (``prefill``; ``auto``: when
     streaming them would compress some (they are more than the window may hold) and their full KV fits
-    ``exact_prefill_mib``). A prompt of sinks only is streamed: the refresh needs a window token."""
+    ``exact_prefill_mib``: a constant, or None: half of the memory free where the cache lives). A prompt of sinks
+    only is streamed: the refresh needs a window token."""
     cfg, plan = memory.config, memory.plan
     if (plan.fits or not memory.segmenter.scored or cfg.prefill == "streaming"
             or len(tokens) <= plan.config.n_sink):
@@ -101,7 +103,12 @@ def wants_exact(memory: SekvMemory, tokens: list[int]) -> bool:
     if len(tokens) <= memory.window_room(0):  # streamed, nothing would be compressed: full attention anyway
         return False
     session = memory.session
-    return full_kv_bytes(session, len(tokens), session.config.n_ubatch) <= cfg.exact_prefill_mib * MIB
+    if cfg.exact_prefill_mib is not None:
+        cap = cfg.exact_prefill_mib * MIB
+    else:  # half of what is free where the cache lives, less the budget's KV (already allocated)
+        info = session.hook.info
+        cap = auto_budget.free_memory(session.config) / 2 - (info.kv_bytes + info.swa_kv_bytes)
+    return full_kv_bytes(session, len(tokens), session.config.n_ubatch) <= cap
 
 
 def prefill_exact(memory: SekvMemory, routing: SpanRouting, done: ExactPass, tokens: list[int], owned: bool,
