@@ -1,0 +1,144 @@
+"""Which rows does a streamed prefill get wrong? The 2×2 oracle on a long needle case: a streamed SeKV memory (f16 rows
+at full rank, so the host tier holds the streamed rows exactly) whose rows are swapped for the rows of a full-attention
+pass of the same prompt — the needle's spans (needle rows), the other spans, and the resident rows (sinks, anchors,
+window and the sliding-window cache) — then routed with the prompt's last query, its last token decoded again and the
+answer generated. If exact needle rows alone bring the answer back, the needle's own rows are at fault (recompute
+the most deviant spans); if only exact other rows do, the rows after it carry the error (route every chunk).
+
+    .venv/bin/python scripts/prefill_oracle.py --task niah_word --tokens 28000 --depth 0.1 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
+from sekv_gguf.decode import decode_loop, greedy
+from sekv_gguf.engine import make_policy
+from sekv_gguf.models import default_model_path
+from sekv_gguf.policies.prefill import exact_pass, refresh_tail
+from sekv_gguf.policies.snapshot import DeviceState
+from sekv_gguf.provenance import envelope
+from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, answer_span, make_case, token_range
+from sekv_gguf.session import load_model
+from sekv_gguf.span_store import SpanStore
+from sekv_gguf.transfer import copy_swa_state
+
+TOP = 5
+# (needle rows, other spans' rows, resident rows + sliding-window cache) exact? The 2x2 of needle x rest, and the rest
+# split in two
+VARIANTS = [(False, False, False), (False, True, True), (True, False, False), (True, True, True),
+            (False, True, False), (False, False, True)]
+
+
+def variant(model, streamed, full, tokens: list[int], needle: tuple[int, int], cfg: SekvConfig, budget: BudgetConfig,
+            ctx: ContextConfig, queries: list[np.ndarray], needle_exact: bool, spans_exact: bool, resident_exact: bool,
+            n_predict: int) -> dict:
+    """The streamed memory with the chosen rows taken from the full pass (the needle's, the other spans', the
+    resident tokens' and the sliding-window cache's); its answer."""
+    policy = make_policy("sekv", model, len(tokens) + n_predict, ctx, budget, cfg)
+    try:
+        DeviceState.take(streamed.session).put(policy.session)
+        mem = policy.memory
+        mem.load_plain(streamed.memory.to_plain())
+        policy.tokens = list(streamed.tokens)
+        hook, full_cells = policy.session.hook, full.hook.cells_of(len(tokens))
+        in_needle = lambda pos: bool(np.any((pos >= needle[0]) & (pos < needle[1])))  # noqa: E731
+        old = mem.store
+        spans = list(old.spans)
+        exact = [needle_exact if in_needle(s.positions) else spans_exact for s in spans]
+        cells = np.concatenate([full_cells[s.positions] for s in spans])
+
+        def rows(ikv: int) -> tuple[np.ndarray, np.ndarray]:  # every span's K, V [sum L, Hkv, d], span after span
+            fk, fv = full.hook.get_rows(ikv, cells)
+            k, v, o = [], [], 0
+            for s, e in zip(spans, exact):
+                k.append(fk[o:o + s.length] if e else s.k[ikv].rebuild_f16())
+                v.append(fv[o:o + s.length] if e else s.v[ikv].rebuild_f16())
+                o += s.length
+            return np.concatenate(k), np.concatenate(v)
+
+        store = SpanStore(old.n_layer, old.n_head_kv, old.head_dim, cfg, policy.router.sketch)
+        summaries = store.add([s.positions for s in spans], [mem.signal_log[s.positions] for s in spans], rows)
+        summary_cells = np.array([s.summary_cell for s in spans], dtype=np.int32)
+        store.place_summaries(0, summary_cells)
+        for ikv, (k_sum, v_sum) in enumerate(summaries):
+            hook.set_rows(ikv, summary_cells, k_sum, v_sum)
+        mem.store = store
+        mem.zoom.forget(0)  # the slots held the old rows: routing zooms again from the new store
+        hook.set_bias_cells(-1, summary_cells, np.log(store.lengths))  # every summary back in every layer
+        resident = [p for p in [*mem.sinks, *mem.anchors, *mem.window.pos.tolist()]
+                    if (needle_exact if in_needle(np.array([p])) else resident_exact)]
+        if resident:
+            pos = np.array(sorted(resident), dtype=np.int64)
+            where = hook.cells_pos()
+            own = np.array([np.flatnonzero(where == p)[0] for p in pos], dtype=np.int32)
+            for ikv in range(store.n_layer):
+                k, v = full.hook.get_rows(ikv, full_cells[pos])
+                hook.set_rows(ikv, own, k, v)
+        if resident_exact and hook.info.is_iswa:
+            copy_swa_state(full, policy.session)
+        mem.swa_transferred = True  # a cache moved by the state API: only the last token is decoded again
+        policy.routing.route(mem, queries, kind="prompt")
+        logits = refresh_tail(mem, tokens)
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
+        top = [(policy.session.text([int(t)]), round(float(p[t]), 3)) for t in np.argsort(-p)[:TOP]]
+        done = decode_loop(policy.step, logits, n_predict, greedy)
+        zoomed = [sorted(set(r) & {i for i, s in enumerate(spans) if in_needle(s.positions)})
+                  for r in mem.zoom.resident]
+        kind = lambda e: "exact" if e else "streamed"  # noqa: E731
+        return {"needle_rows": kind(needle_exact), "other_spans": kind(spans_exact), "resident": kind(resident_exact),
+                "text": policy.session.text(done.tokens), "first_top": top, "needle_spans_zoomed": zoomed}
+    finally:
+        policy.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", default="niah_word", choices=PINNED_DEPTH_TASKS)
+    ap.add_argument("--tokens", type=int, default=28000)
+    ap.add_argument("--depth", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--budget", type=float, default=0.1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("-n", "--n-predict", type=int, default=8)
+    ap.add_argument("--out", default="bench/prefill-oracle-28k.json")
+    args = ap.parse_args()
+    model = load_model(str(default_model_path()))
+    count = lambda s: len(model.tokenize(s.encode(), add_bos=True, special=False))  # noqa: E731
+    case = make_case(args.task, count, args.tokens, args.seed, "prose", args.depth)
+    value = case.answers[0]
+    tokens = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
+    needle = token_range(count, case.prompt, answer_span(case, value))
+    ctx, budget = ContextConfig(n_threads=args.threads), BudgetConfig(kv_budget=args.budget)
+    cfg = SekvConfig(prefill="streaming", energy=1.0, host_format="f16")
+    streamed = make_policy("sekv", model, len(tokens) + args.n_predict, ctx, budget, cfg)
+    rows = []
+    try:
+        streamed.prefill(tokens)
+        queries = [np.array(streamed.session.hook.query(ikv)) for ikv in range(streamed.memory.store.n_layer)]
+        full = exact_pass(model, ctx, budget.chunk, tokens)
+        try:
+            for needle_exact, spans_exact, resident_exact in VARIANTS:
+                row = variant(model, streamed, full.session, tokens, needle, cfg, budget, ctx, queries,
+                              needle_exact, spans_exact, resident_exact, args.n_predict)
+                row["found"] = value.lower() in row["text"].lower()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        finally:
+            full.close()
+    finally:
+        streamed.close()
+    doc = {**envelope(), "params": vars(args), "value": value, "needle_tokens": list(needle),
+           "prompt_tokens": len(tokens), "rows": rows}
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
