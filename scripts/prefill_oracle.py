@@ -137,7 +137,27 @@ def main() -> int:
     doc = {**envelope(), "params": vars(args), "value": value, "needle_tokens": list(needle),
            "prompt_tokens": len(tokens), "rows": rows}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    plot(doc, Path(args.out).with_suffix(".png"))
     return 0
+
+
+def plot(doc: dict, path: Path) -> None:
+    """The answer's first-token probability per variant (needle / other spans / resident rows, e = exact)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prob = [dict(r["first_top"]).get(" " + doc["value"][:4], 0.0) for r in doc["rows"]]
+    labels = ["/".join("e" if r[k] == "exact" else "s" for k in ("needle_rows", "other_spans", "resident"))
+              for r in doc["rows"]]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(labels, prob, color=["tab:green" if r["found"] else "tab:red" for r in doc["rows"]])
+    ax.set_ylabel(f"p(first token of {doc['value']!r})")
+    ax.set_xlabel("needle / other spans / resident rows (e: exact, s: streamed); green: answered")
+    ax.set_title(f"streamed prefill oracle, {doc['prompt_tokens']} tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":
