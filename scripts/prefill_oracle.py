@@ -29,15 +29,16 @@ from sekv_gguf.span_store import SpanStore
 from sekv_gguf.transfer import copy_swa_state
 
 TOP = 5
-# (needle rows, other spans' rows, resident rows + sliding-window cache) exact? The 2x2 of needle x rest, and the rest
-# split in two
-VARIANTS = [(False, False, False), (False, True, True), (True, False, False), (True, True, True),
-            (False, True, False), (False, False, True)]
+# (needle rows, other spans' rows, resident rows, sliding-window cache) exact? The 2x2 of needle x rest, the rest split
+# into spans and resident rows (with the SWA cache), then the resident rows and the SWA cache apart
+VARIANTS = {"2x2": [(False, False, False, False), (False, True, True, True), (True, False, False, False),
+                    (True, True, True, True), (False, True, False, False), (False, False, True, True)],
+            "resident": [(False, False, True, False), (False, False, False, True), (False, False, True, True)]}
 
 
 def variant(model, streamed, full, tokens: list[int], needle: tuple[int, int], cfg: SekvConfig, budget: BudgetConfig,
             ctx: ContextConfig, queries: list[np.ndarray], needle_exact: bool, spans_exact: bool, resident_exact: bool,
-            n_predict: int) -> dict:
+            swa_exact: bool, n_predict: int) -> dict:
     """The streamed memory with the chosen rows taken from the full pass (the needle's, the other spans', the
     resident tokens' and the sliding-window cache's); its answer."""
     policy = make_policy("sekv", model, len(tokens) + n_predict, ctx, budget, cfg)
@@ -80,7 +81,7 @@ def variant(model, streamed, full, tokens: list[int], needle: tuple[int, int], c
             for ikv in range(store.n_layer):
                 k, v = full.hook.get_rows(ikv, full_cells[pos])
                 hook.set_rows(ikv, own, k, v)
-        if resident_exact and hook.info.is_iswa:
+        if swa_exact and hook.info.is_iswa:
             copy_swa_state(full, policy.session)
         mem.swa_transferred = True  # a cache moved by the state API: only the last token is decoded again
         policy.routing.route(mem, queries, kind="prompt")
@@ -93,6 +94,7 @@ def variant(model, streamed, full, tokens: list[int], needle: tuple[int, int], c
                   for r in mem.zoom.resident]
         kind = lambda e: "exact" if e else "streamed"  # noqa: E731
         return {"needle_rows": kind(needle_exact), "other_spans": kind(spans_exact), "resident": kind(resident_exact),
+                "swa_cache": kind(swa_exact),
                 "text": policy.session.text(done.tokens), "first_top": top, "needle_spans_zoomed": zoomed}
     finally:
         policy.close()
@@ -107,6 +109,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-n", "--n-predict", type=int, default=8)
+    ap.add_argument("--variants", choices=list(VARIANTS), default="2x2",
+                    help="2x2: needle x rest (and the rest split); resident: the resident rows and the SWA cache apart")
     ap.add_argument("--out", default="bench/prefill-oracle-28k.json")
     args = ap.parse_args()
     model = load_model(str(default_model_path()))
@@ -124,9 +128,9 @@ def main() -> int:
         queries = [np.array(streamed.session.hook.query(ikv)) for ikv in range(streamed.memory.store.n_layer)]
         full = exact_pass(model, ctx, budget.chunk, tokens)
         try:
-            for needle_exact, spans_exact, resident_exact in VARIANTS:
-                row = variant(model, streamed, full.session, tokens, needle, cfg, budget, ctx, queries,
-                              needle_exact, spans_exact, resident_exact, args.n_predict)
+            for flags in VARIANTS[args.variants]:
+                row = variant(model, streamed, full.session, tokens, needle, cfg, budget, ctx, queries, *flags,
+                              args.n_predict)
                 row["found"] = value.lower() in row["text"].lower()
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -149,12 +153,12 @@ def plot(doc: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     prob = [dict(r["first_top"]).get(" " + doc["value"][:4], 0.0) for r in doc["rows"]]
-    labels = ["/".join("e" if r[k] == "exact" else "s" for k in ("needle_rows", "other_spans", "resident"))
-              for r in doc["rows"]]
+    labels = ["/".join("e" if r.get(k, r["resident"]) == "exact" else "s"
+                       for k in ("needle_rows", "other_spans", "resident", "swa_cache")) for r in doc["rows"]]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar(labels, prob, color=["tab:green" if r["found"] else "tab:red" for r in doc["rows"]])
     ax.set_ylabel(f"p(first token of {doc['value']!r})")
-    ax.set_xlabel("needle / other spans / resident rows (e: exact, s: streamed); green: answered")
+    ax.set_xlabel("needle / other spans / resident rows / SWA cache (e: exact, s: streamed); green: answered")
     ax.set_title(f"streamed prefill oracle, {doc['prompt_tokens']} tokens")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
