@@ -102,9 +102,10 @@ class SekvMemory:
     _FIXED = ("session", "hook", "plan", "config", "n_context", "summary_rows", "on_irreversible", "sentence_ends")
 
     def _shared(self) -> list[Any]:
-        return [getattr(self, a) for a in self._FIXED] + [self.session.model, self.store.config,
-                                                          self.segmenter.config if hasattr(self.segmenter, "config")
-                                                          else None] + self.store.shared_objects()
+        """What copies share instead of copying: the fixed parts, the configurations the store and segmenter hold,
+        and the span data (immutable once placed)."""
+        configs = [self.store.config, getattr(self.segmenter, "config", None), self.session.model]
+        return [getattr(self, a) for a in self._FIXED] + configs + self.store.shared_objects()
 
     def copy(self) -> "SekvMemory":
         """An independent copy of the memory's state (the fixed parts and the immutable span data shared)."""
