@@ -70,7 +70,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.2))
     labels = [f"chunk {r['chunk']}\nrefresh {r['refresh_tokens']}\n{r['chunk_routing']} d{r['depth']}" for r in rows]
-    ax.bar(range(len(rows)), [1 if r["found"] else 0 for r in rows],
+    ax.bar(range(len(rows)), [1 if r["found"] else 0.05 for r in rows],
            color=["tab:green" if r["found"] else "tab:red" for r in rows])
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_yticks([0, 1], ["missed", "found"])
