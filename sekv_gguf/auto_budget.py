@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from . import _ggml, rpc
 from .config import MIB, BudgetConfig, ContextConfig, round_cells
 from .errors import BudgetError
-from .session import Session
+from .session import Session, output_rows
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,5 @@ def resolve(model: Any, config: ContextConfig, n_context: int, margin_mib: float
         bytes_per_cell = info.bytes_per_cell
     finally:
         probe.close()
-    logits = 4 * n_vocab * config.n_batch  # the compute buffer's logits rows (f32)
-    if config.logits_mib:
-        logits = min(logits, int(config.logits_mib * MIB))
-    return choose(device_memory(config), bytes_per_cell, int(logits) + swa, n_context, margin_mib)
+    logits = 4 * n_vocab * output_rows(config, n_vocab)  # the compute buffer's logits rows (f32)
+    return choose(device_memory(config), bytes_per_cell, logits + swa, n_context, margin_mib)

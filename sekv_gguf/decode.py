@@ -27,11 +27,10 @@ def forced(tokens: Sequence[int]) -> TokenSource:
 
 @dataclass
 class Decoded:
-    """What a loop produced: the tokens, the logits after the last decode, whether the end-of-text token ended it."""
+    """What a loop produced: the tokens and the logits after the last decode."""
 
     tokens: list[int]
     logits: np.ndarray
-    stopped_at_eos: bool = False
 
 
 def decode_loop(step: Callable[[int], np.ndarray], logits: np.ndarray, n: int, source: TokenSource = greedy, *,
@@ -46,7 +45,7 @@ def decode_loop(step: Callable[[int], np.ndarray], logits: np.ndarray, n: int, s
     for i in range(n):
         tok = source(logits, i)
         if eos is not None and tok == eos:
-            return Decoded(out, logits, stopped_at_eos=True)
+            return Decoded(out, logits)
         out.append(tok)
         if on_token is not None:
             on_token(tok)

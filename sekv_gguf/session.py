@@ -72,6 +72,13 @@ def apply_chat_template(model: _internals.LlamaModel, text: str) -> str:
     raise ModelError("the model's chat template could not be applied")
 
 
+def output_rows(config: ContextConfig, n_vocab: int) -> int:
+    """Logits rows one llama_decode of a context with ``config`` returns at most: ``logits_mib`` of f32 rows over
+    ``n_vocab`` tokens, at least one, at most the batch (what llama.cpp reserves its logits buffers for)."""
+    rows = int(config.logits_mib * MIB // (4 * n_vocab)) if config.logits_mib else config.n_batch
+    return max(1, min(rows, config.n_batch))
+
+
 class Session:
     """One llama_context (sequence 0) with explicit-position decoding and its ``KVHook``."""
 
@@ -85,10 +92,9 @@ class Session:
         params.n_ctx = config.n_ctx
         params.n_batch = config.n_batch
         params.n_ubatch = config.n_ubatch
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
         # logits rows per decode: what the compute and output buffers are sized for (never the whole batch's)
-        n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
-        rows = int(config.logits_mib * MIB // (4 * n_vocab)) if config.logits_mib else config.n_batch
-        self.n_outputs = max(1, min(rows, config.n_batch))
+        self.n_outputs = output_rows(config, self.n_vocab)
         params.n_outputs_max = self.n_outputs
         params.n_seq_max = 1
         params.n_threads = config.threads
@@ -109,7 +115,6 @@ class Session:
             _threadpool.attach(self.context.ctx, self._pool)
 
         self.n_batch = llama_cpp.llama_n_batch(self.context.ctx)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         # views over the batch arrays; every token is in sequence 0
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
