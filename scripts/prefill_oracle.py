@@ -140,7 +140,7 @@ def main() -> int:
         streamed.close()
     doc = {**envelope(), "params": vars(args), "value": value, "needle_tokens": list(needle),
            "prompt_tokens": len(tokens), "rows": rows}
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    Path(args.out).with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, Path(args.out).with_suffix(".png"))
     return 0
 

@@ -2,12 +2,10 @@
 loaded (llama.cpp's ``ggml_backend_dev_memory``, as its ``--fit`` reads it), less a margin per device and the
 buffers a context needs besides its cells (the logits rows of ``ContextConfig.logits_mib``, the sliding-window cache
 of an iSWA model). On a machine without a GPU or RPC device the cache shares the RAM with everything else and no
-device figure bounds it: the budget stays the default fraction of the context. ``free_memory`` is also what the
-exact prefill's cap follows (``SekvConfig.exact_prefill_mib`` None)."""
+device figure bounds it: the budget stays the default fraction of the context."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -67,21 +65,6 @@ def device_memory(config: ContextConfig) -> list[DeviceMemory]:
         free, total = _ggml.ggml_backend_dev_memory(d)
         out.append(DeviceMemory(_ggml.ggml_backend_dev_name(d).decode(), free, total))
     return out
-
-
-def free_memory(config: ContextConfig) -> int:
-    """Bytes free where a context with ``config`` keeps its cache: the GPU or RPC devices' free memory, or the RAM's
-    (``MemAvailable``; the free pages where /proc/meminfo is missing)."""
-    devices = device_memory(config)
-    if devices:
-        return sum(d.free_bytes for d in devices)
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def resolve(model: Any, config: ContextConfig, n_context: int, margin_mib: float = MARGIN_MIB) -> AutoBudget:

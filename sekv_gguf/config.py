@@ -22,7 +22,7 @@ TRAINING_FREE_SCORES = ("index", "mass", "summary", "centroid", "bound")
 # how span rows are kept in the host tier where factors would not be smaller (``SekvConfig.host_format``)
 HOST_FORMATS = ("f16", "q8")
 
-MIB = 1 << 20  # bytes in a MiB (exact_prefill_mib)
+MIB = 1 << 20  # bytes in a MiB
 CELL_GRANULARITY = 256  # llama.cpp allocates KV cells in multiples of this
 
 
@@ -111,7 +111,8 @@ class ContextConfig:
         return max((os.cpu_count() or 1) // 2, 1)
 
     def sized(self, n_ctx: int, chunk: int) -> "ContextConfig":
-        """This config with ``n_ctx`` cells and batches of ``chunk`` tokens (what a policy's context needs)."""
+        """This config with ``n_ctx`` cells and batches (and ubatches) of ``chunk`` tokens (what a policy's context
+        needs)."""
         return replace(self, n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk)
 
 
@@ -202,17 +203,13 @@ class SekvConfig:
               "them: with energy 1 the host tier is then exact)",
         choices=HOST_FORMATS)
     prefill: str = setting(
-        "auto", '"streaming" (device cells never above the budget), "exact" (full attention in a temporary full-size '
-                'context, then compression), or "auto": exact when streaming would compress part of the prompt and '
-                "the prompt's full KV fits exact_prefill_mib, streaming otherwise (a prompt the window holds whole "
-                "is full attention either way); streamed, every row past the first layer comes from attention over "
-                "the compressed past",
+        "auto", '"auto": streamed through the budget context (device cells never above the budget, no full-size '
+                "context), chunk by chunk, then routed with the prompt's last query and its tail decoded again over "
+                "the zoomed spans (refresh_tokens, and on iSWA models the sliding window before them: "
+                'refresh_window); "streaming": the same (its older name); "exact": full attention over the whole '
+                "prompt in a temporary full-size context (the prompt's full KV beside the budget), then "
+                "segmentation and compression (the reference)",
         choices=("auto", "streaming", "exact"))
-    exact_prefill_mib: float | None = setting(
-        None, 'with prefill "auto", the most MiB of full KV (the prompt\'s: the transient context an exact prefill '
-              "allocates beside the budget and frees) for which the prefill is exact; None: half of what the memory "
-              "the cache lives in has free when the prompt arrives, less the budget's KV (the RAM's MemAvailable on "
-              "a CPU, the GPU or RPC devices' free memory otherwise); 0: always streaming")
     router: str = setting(
         "index", 'the training-free score when no trained router is given: "index" (two-stage: the block index '
                  "proposes, the resident spans and verify_candidates others are ordered by exact mass; bounded "
@@ -238,6 +235,12 @@ class SekvConfig:
                                            "so the end of the prompt (typically the question) and the first "
                                            "generated token see the zoomed spans, not only summaries")
     refresh_tokens: int = setting(32, "prompt tokens zoom_lag_refresh (and a turn's tail refresh) decodes again")
+    refresh_window: bool = setting(
+        True, "on a model with a sliding-window cache (iSWA: Gemma 2/3), the tail refresh of a streamed prompt also "
+              "decodes the whole sliding window before those refresh_tokens again (n_swa tokens more; the "
+              "context's ubatch, which sizes that cache, is made that large): its local layers' rows of the "
+              "question's window are then computed from global layers that read the zoomed spans, not summaries "
+              "(where a streamed prefill's error lives: docs/results.md, the oracle)")
     turn_tokens: int = setting(
         64, "an append of at most this many tokens into a memory that already holds tokens is a *turn* (a "
             "conversation's next message, whose time to first token a user waits for): it is decoded with logits "
@@ -310,5 +313,3 @@ class SekvConfig:
             raise ValueError(f"router must be one of {', '.join(TRAINING_FREE_SCORES)}, got {self.router!r}")
         if self.prefill not in ("auto", "streaming", "exact"):
             raise ValueError(f"prefill must be auto, streaming or exact, got {self.prefill!r}")
-        if self.exact_prefill_mib is not None and not self.exact_prefill_mib >= 0:
-            raise ValueError(f"exact_prefill_mib must be >= 0, got {self.exact_prefill_mib}")

@@ -187,6 +187,18 @@ class Session:
             return True
         return int(llama_cpp.llama_memory_seq_pos_min(self.memory, 0)) <= max(0, n - info.n_swa)
 
+    def swa_redo(self) -> int:
+        """How many of the newest positions can be removed and decoded again while the sliding-window cache of an
+        iSWA model still holds the window before them (llama.cpp keeps every position from its smallest to its
+        largest; it overwrites the oldest once the cache, n_swa + n_ubatch cells, is full); at least one."""
+        info = self.hook.info
+        p_max = self.pos_max()
+        if not info.is_iswa:
+            return p_max + 1
+        p_min = int(llama_cpp.llama_memory_seq_pos_min(self.memory, 0))
+        reach = 0 if p_min <= 0 else p_min + info.n_swa  # the first position whose window is complete
+        return max(1, p_max + 1 - reach)
+
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self.model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
 

@@ -41,6 +41,7 @@ class SekvStats:
     host_rows_read_per_prompt_route: float  # per layer and prompt routing
     route_ms_per_step: float
     chunk_routes: int = 0                       # routings inside streamed prompt chunks (chunk_routing)
+    refreshed_tokens: int = 0                   # prompt tokens decoded again by tail refreshes (refresh_window)
     host_rows_read_per_chunk_route: float = 0.0  # per layer and chunk routing
 
 

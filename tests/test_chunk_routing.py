@@ -79,3 +79,31 @@ def test_refused_callback_routes_after_each_chunk_for_the_next(llama_model):
         assert len(policy.memory.zoom.resident[0]) > 0
     finally:
         policy.close()
+
+
+def test_the_window_refresh_recomputes_the_sliding_window_over_the_zoomed_spans(gemma_model):
+    """iSWA (the tiny Gemma: n_swa 32): a streamed prompt whose last chunk read only the summaries of spans computed
+    exactly before it. With ``refresh_window`` the tail refresh decodes the whole sliding window and the refreshed
+    tokens again (n_swa + refresh_tokens = 64, the last chunk) once every span is zoomed: full KV's logits (f16
+    rows, full rank); with the plain refresh of 32 tokens the others keep the rows computed over summaries — in
+    the sliding-window layers too — and the logits move away; with no refresh, further."""
+    toks = gemma_model.tokenize(prose(4000, offset=300).encode(), add_bos=True, special=False)[:256]
+    full = make_policy("full", gemma_model, len(toks) + 1, ContextConfig(flash_attn=False), BudgetConfig(chunk=64))
+    want = full.prefill(toks)
+    full.close()
+    errs, refreshed = {}, {}
+    for name, window, lag in (("window", True, True), ("plain", False, True), ("none", False, False)):
+        cfg = SekvConfig(refresh_window=window, zoom_lag_refresh=lag, energy=1.0, host_format="f16", zoom_share=0.6,
+                         compress_when_fits=True, elastic_window=False, max_new_zooms=10_000)
+        policy = make_policy("sekv", gemma_model, len(toks) + 1, ContextConfig(flash_attn=False),
+                             BudgetConfig(kv_budget=1024, chunk=64, window=64), cfg)
+        try:
+            got = policy.prefill(toks)
+            assert len(policy.memory.store) >= 2 and policy.stats().sekv.prefill == "streaming"
+            refreshed[name] = policy.memory.counters.refreshed_tokens
+        finally:
+            policy.close()
+        errs[name] = float(np.abs(got - want).max() / np.abs(want).max())
+    assert refreshed == {"window": 64, "plain": 32, "none": 0}
+    assert errs["window"] < 1e-5, errs
+    assert errs["plain"] > 30 * errs["window"] and errs["none"] > 10 * errs["plain"], errs

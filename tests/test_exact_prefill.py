@@ -1,5 +1,5 @@
-"""Which prefill a sekv memory takes (``prefill="auto"``: exact while the prompt's full KV fits
-``exact_prefill_mib``) and one full-attention pass shared by exact prefills of the same prompt (``ExactPasses``,
+"""Which prefill a sekv memory takes (the default streams within the budget; ``prefill="exact"`` is the reference)
+and one full-attention pass shared by exact prefills of the same prompt (``ExactPasses``,
 what an evaluation's runs over budgets and routers use): each compression must be what it is alone."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import prose
-from sekv_gguf.config import MIB, BudgetConfig, ContextConfig, SekvConfig
+from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
 from sekv_gguf.eval.suite import EvalConfig, run_suite
 from sekv_gguf.policies.prefill import ExactPasses
@@ -32,31 +32,30 @@ def _prefill_kind(model, toks, **params) -> dict:
         policy.close()
 
 
-def test_auto_prefill_is_exact_while_the_prompt_s_full_kv_fits_the_cap(llama_model):
-    toks = _tokens(llama_model, 1500, offset=200)
-    auto = _prefill_kind(llama_model, toks)
-    assert auto["prefill"] == "exact" and auto["transient_kv_bytes"] == auto["full"] > 0
-    cap = auto["full"] / MIB
-    assert _prefill_kind(llama_model, toks, exact_prefill_mib=cap)["prefill"] == "exact"
-    assert _prefill_kind(llama_model, toks, exact_prefill_mib=0.99 * cap)["prefill"] == "streaming"
-    over = _prefill_kind(llama_model, toks, prefill="streaming")
-    assert over["prefill"] == "streaming" and over["transient_kv_bytes"] == 0
-    assert _prefill_kind(llama_model, toks, prefill="exact", exact_prefill_mib=0)["prefill"] == "exact"
-    with pytest.raises(ValueError, match="exact_prefill_mib"):
-        SekvConfig(exact_prefill_mib=-1)
+def test_only_an_explicit_exact_prefill_makes_a_full_size_context(llama_model, gemma_model, monkeypatch):
+    """The default prefill of a prompt longer than the budget creates no context above the budget (the peak stays
+    the budget context: no transient full-size one); ``prefill="exact"`` does, and says so in its statistics."""
+    from sekv_gguf import session as session_mod
 
+    sizes: list[int] = []
+    real = session_mod.Session.__init__
 
-def test_the_default_cap_follows_the_memory_free_where_the_cache_lives(llama_model, monkeypatch):
-    """exact_prefill_mib None: exact while the prompt's full KV fits half of the free memory less the budget's KV
-    (a fake figure for the RAM here), streaming below it."""
-    from sekv_gguf import auto_budget
+    def spy(self, model, config, owner=None):
+        sizes.append(config.n_ctx)
+        real(self, model, config, owner)
 
-    toks = _tokens(llama_model, 1500, offset=200)
-    full = _prefill_kind(llama_model, toks)["full"]
-    monkeypatch.setattr(auto_budget, "free_memory", lambda config: 2 * full + 64 * MIB)
-    assert _prefill_kind(llama_model, toks)["prefill"] == "exact"
-    monkeypatch.setattr(auto_budget, "free_memory", lambda config: full)
-    assert _prefill_kind(llama_model, toks)["prefill"] == "streaming"
+    monkeypatch.setattr(session_mod.Session, "__init__", spy)
+    for model in (llama_model, gemma_model):
+        toks = _tokens(model, 1500, offset=200)
+        for prefill in ("auto", "streaming"):
+            sizes.clear()
+            kind = _prefill_kind(model, toks, prefill=prefill)
+            assert kind["prefill"] == "streaming" and kind["transient_kv_bytes"] == 0
+            assert sizes and max(sizes) == kind["budget_cells"] < len(toks)
+        sizes.clear()
+        exact = _prefill_kind(model, toks, prefill="exact")
+        assert exact["prefill"] == "exact" and exact["transient_kv_bytes"] == exact["full"] > 0
+        assert max(sizes) >= len(toks)
 
 
 @pytest.mark.parametrize("which", ["llama", "gemma"])
@@ -113,12 +112,14 @@ def test_eval_variants_share_the_prompt_s_pass(llama_model):
     model = llama_model
     base = dict(policies=("sekv",), budgets=(0.3,), tasks=("niah_number",), lengths=(1024,), samples=1,
                 haystacks=("prose",), n_predict=4, fidelity_docs=0)
-    both = run_suite(model, EvalConfig(**base, sekv_variants=({"router": "mass"},)), progress=False)
+    exact = {"prefill": "exact"}
+    both = run_suite(model, EvalConfig(**base, sekv=exact, sekv_variants=({"router": "mass"},)), progress=False)
     rows = {r["policy"]: r for r in both["cases"]}
-    assert set(rows) == {"sekv", "sekv-mass"}
-    assert not rows["sekv"]["shared_prefill"] and rows["sekv-mass"]["shared_prefill"]
-    assert both["params"]["policies"] == ["sekv", "sekv-mass"]
-    alone = run_suite(model, EvalConfig(**base, sekv={"router": "mass"}), progress=False)["cases"][0]
-    assert alone["policy"] == "sekv-mass" and alone["output"] == rows["sekv-mass"]["output"]
+    assert set(rows) == {"sekv-prefill=exact", "sekv-mass-prefill=exact"}
+    assert not rows["sekv-prefill=exact"]["shared_prefill"] and rows["sekv-mass-prefill=exact"]["shared_prefill"]
+    assert both["params"]["policies"] == ["sekv-prefill=exact", "sekv-mass-prefill=exact"]
+    alone = run_suite(model, EvalConfig(**base, sekv={**exact, "router": "mass"}), progress=False)["cases"][0]
+    assert alone["policy"] == "sekv-mass-prefill=exact"
+    assert alone["output"] == rows["sekv-mass-prefill=exact"]["output"]
     with pytest.raises(ValueError, match="add sekv"):
         EvalConfig(**{**base, "policies": ("full",)}, sekv_variants=({"router": "mass"},))

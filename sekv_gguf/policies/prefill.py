@@ -11,8 +11,7 @@ from typing import Any, Callable
 import llama_cpp
 import numpy as np
 
-from .. import auto_budget
-from ..config import MIB, round_cells
+from ..config import round_cells
 from ..session import Session, full_kv_bytes
 from ..transfer import copy_tokens
 from .prompt_cut import cut_prompt
@@ -90,25 +89,13 @@ class ExactPasses:
 
 
 def wants_exact(memory: SekvMemory, tokens: list[int]) -> bool:
-    """Whether ``tokens``, the first into the empty ``memory``, are prefilled exactly (``prefill``; ``auto``: when
-    streaming them would compress some (they are more than the window may hold) and their full KV fits
-    ``exact_prefill_mib``: a constant, or None: half of the memory free where the cache lives). A prompt of sinks
-    only is streamed: the refresh needs a window token."""
+    """Whether ``tokens``, the first into the empty ``memory``, are prefilled exactly: ``prefill="exact"``, and
+    streaming them would compress some (they are more than the window may hold) — a prompt the window holds whole is
+    full attention either way, and one of sinks only is streamed: the refresh needs a window token."""
     cfg, plan = memory.config, memory.plan
-    if (plan.fits or not memory.segmenter.scored or cfg.prefill == "streaming"
-            or len(tokens) <= plan.config.n_sink):
+    if plan.fits or not memory.segmenter.scored or cfg.prefill != "exact" or len(tokens) <= plan.config.n_sink:
         return False
-    if cfg.prefill == "exact":
-        return True
-    if len(tokens) <= memory.window_room(0):  # streamed, nothing would be compressed: full attention anyway
-        return False
-    session = memory.session
-    if cfg.exact_prefill_mib is not None:
-        cap = cfg.exact_prefill_mib * MIB
-    else:  # half of what is free where the cache lives, less the budget's KV (already allocated)
-        info = session.hook.info
-        cap = auto_budget.free_memory(session.config) / 2 - (info.kv_bytes + info.swa_kv_bytes)
-    return full_kv_bytes(session, len(tokens), session.config.n_ubatch) <= cap
+    return len(tokens) > memory.window_room(0)
 
 
 def prefill_exact(memory: SekvMemory, routing: SpanRouting, done: ExactPass, tokens: list[int], owned: bool,
@@ -162,17 +149,17 @@ def chunk_starts(n: int, size: int, tail: int) -> list[int]:
     return starts
 
 
-def refresh_tail(memory: SekvMemory, tokens: list[int]) -> np.ndarray:
-    """Decode the last ``refresh_tokens`` prompt tokens of ``memory`` again, now that the router has zoomed in for
-    the prompt's end: the question at the end of a long prompt then reads the rebuilt spans, not only their
-    summaries."""
+def refresh_tail(memory: SekvMemory, tokens: list[int], n: int | None = None) -> np.ndarray:
+    """Decode the last ``n`` (default ``refresh_tokens``) prompt tokens of ``memory`` again, now that the router
+    has zoomed in for the prompt's end: the question at the end of a long prompt then reads the rebuilt spans, not
+    only their summaries (``SekvPolicy.tail_refresh``: on iSWA models also the sliding window before it)."""
     session, window = memory.session, memory.window
     p_last = session.pos_max()
-    k = max(1, min(memory.config.refresh_tokens, len(tokens), len(window)))
+    k = max(1, min(memory.config.refresh_tokens if n is None else n, len(tokens), len(window)))
     if session.hook.info.is_iswa:
-        # the sliding-window cache must still hold the window before the tail: llama.cpp keeps n_swa positions
-        # before the last ubatch, but a cache moved over with the state API holds only the last n_swa positions
-        k = min(k, 1 if memory.swa_transferred else memory.last_ubatch)
+        # the sliding-window cache must still hold the window before the tail; a cache moved over with the state
+        # API holds only the last n_swa positions
+        k = min(k, 1 if memory.swa_transferred else session.swa_redo())
     p0 = p_last - k + 1
     assert window.pos[-k] == p0 and window.pos[-1] == p_last
     llama_cpp.llama_memory_seq_rm(session.memory, 0, p0, -1)
@@ -181,4 +168,5 @@ def refresh_tail(memory: SekvMemory, tokens: list[int]) -> np.ndarray:
     out = session.decode(tokens[-k:], pos0=p0)
     window.extend(np.arange(p0, p_last + 1), session.hook.cells_from(p0), signal)
     memory.prev_logits = out.copy()
+    memory.counters.refreshed_tokens += k
     return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+import llama_cpp
 import numpy as np
 
 from ..config import BudgetConfig, ContextConfig, SekvConfig
@@ -63,7 +64,12 @@ class SekvPolicy(Policy):
                         "window": plan.window + config.span_min + config.span_max, "chunk": plan.chunk},
                        " (or a larger span_min / smaller zoom_share)")
         self.model, self.ctx_config = model, ctx_config
-        super().__init__(Session(model, ctx_config.sized(plan.cells, plan.chunk)), observer)
+        # a streamed prompt's tail refresh; on iSWA models also the sliding window before it, which the SWA cache
+        # (n_swa + n_ubatch cells) must still hold: the ubatch is made that large (within the budget)
+        n_swa = int(llama_cpp.llama_model_n_swa(model.model)) if config.refresh_window else 0
+        self.tail_refresh = min(config.refresh_tokens + n_swa, max(plan.cells, config.refresh_tokens))
+        ubatch = max(plan.chunk, self.tail_refresh) if n_swa else plan.chunk
+        super().__init__(Session(model, ctx_config.sized(plan.cells, ubatch)), observer)
         hook = self.session.hook
         if hook.info.kv_size != plan.cells:
             raise BudgetError(f"llama.cpp allocated {hook.info.kv_size} cells for a budget of {plan.cells}")
@@ -102,18 +108,18 @@ class SekvPolicy(Policy):
             logits = self.routing.in_layers(mem, lambda: mem.decode(tokens, scored, fill), "prompt")
             if logits is not None:
                 mem.counters.layer_routed_turns += 1
-                self._chunk_done(len(tokens), len(tokens))
+                self._chunk_done(len(tokens))
                 return logits
         starts = chunk_starts(len(tokens), self.plan.chunk, cfg.refresh_tokens)
         for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
             mem.make_room(c1 - c0)  # room for the chunk (an elastic window may have filled the budget)
             logits = self._decode_chunk(tokens[c0:c1], scored and cfg.chunk_routing == "layer", scored, fill)
-            self._chunk_done(c1, c1 - c0)
+            self._chunk_done(c1)
         if len(mem.store):
             changes = mem.zoom.changes
             self.routing.route(mem, kind="prompt")
             if cfg.zoom_lag_refresh and mem.zoom.changes != changes:  # the tail saw other spans
-                logits = refresh_tail(mem, tokens)
+                logits = refresh_tail(mem, tokens, cfg.refresh_tokens if turn else self.tail_refresh)
                 self.notify()
         return logits
 
@@ -150,8 +156,7 @@ class SekvPolicy(Policy):
         self.notify()
         return logits
 
-    def _chunk_done(self, n_prefilled: int, n_chunk: int) -> None:
-        self.memory.last_ubatch = n_chunk
+    def _chunk_done(self, n_prefilled: int) -> None:
         self.memory.make_room(self.plan.chunk)
         self.n_prefilled = n_prefilled
         self.notify()

@@ -12,7 +12,7 @@ host state     ``store`` (every span's K/V factors or rows, summaries, routing i
 carried       ``prev_logits`` (the next token's logits, for the first surprisal of the next append), ``carry_signal``
                (that surprisal when the logits are gone after a rollback), ``steps`` (decode steps), ``clock``
                (routings so far: the zoom LRU's time stamps),
-               ``last_ubatch`` / ``swa_transferred`` (how far an iSWA tail may be re-decoded), ``counters``
+               ``swa_transferred`` (an iSWA tail cannot be re-decoded), ``counters``
 
 Fixed parts (shared by every copy, never copied): the session and its hook, the budget plan, the configuration,
 the sentence-end detector, the ``on_irreversible`` callback. ``copy`` duplicates the rest (span factors are
@@ -59,6 +59,7 @@ class RouteCounters:
     step_route_s: float = 0.0
     layer_routed_turns: int = 0  # turns routed inside their own decode (the layer callback)
     layer_routed_steps: int = 0
+    refreshed_tokens: int = 0    # prompt tokens decoded again by tail refreshes
     prompt: RouteCounts = field(default_factory=RouteCounts)  # after a prompt or turn
     step: RouteCounts = field(default_factory=RouteCounts)    # at decode steps
     chunk: RouteCounts = field(default_factory=RouteCounts)   # inside a streamed prompt chunk's decodes
@@ -92,7 +93,6 @@ class SekvMemory:
         self.carry_signal: float | None = None  # the signal of the next token when its logits are gone (rollback)
         self.steps = 0
         self.clock = 0  # routings so far (prompt, chunk and step): what zooms are stamped with for the LRU
-        self.last_ubatch = 0  # tokens in the last streamed prompt ubatch (bounds what can be re-decoded on iSWA)
         self.swa_transferred = False  # the SWA cache came from another context (exact prefill)
         self.transient_kv_bytes = 0  # full KV of the temporary context of the last exact prefill (0: streamed)
         self.counters = RouteCounters()
@@ -259,7 +259,7 @@ class SekvMemory:
             host_rows_read_per_route=per_layer(counters.step, counters.step.host_rows),
             device_rows_read_per_route=per_layer(counters.step, counters.step.device_rows),
             host_rows_read_per_prompt_route=per_layer(counters.prompt, counters.prompt.host_rows),
-            chunk_routes=counters.chunk.routes,
+            chunk_routes=counters.chunk.routes, refreshed_tokens=counters.refreshed_tokens,
             host_rows_read_per_chunk_route=per_layer(counters.chunk, counters.chunk.host_rows),
             route_ms_per_step=1e3 * counters.step_route_s / max(self.steps, 1))
 
@@ -274,7 +274,7 @@ class SekvMemory:
             "segmenter": self.segmenter.state(), "store": self.store.to_plain(), "zoom": self.zoom.to_plain(),
             "prev_logits": self.prev_logits, "carry_signal": self.carry_signal, "steps": self.steps,
             "clock": self.clock,
-            "last_ubatch": self.last_ubatch, "swa_transferred": self.swa_transferred,
+            "swa_transferred": self.swa_transferred,
             "transient_kv_bytes": self.transient_kv_bytes, "counters": asdict(self.counters),
         }
 
@@ -291,7 +291,7 @@ class SekvMemory:
         logits = data["prev_logits"]
         self.prev_logits = None if logits is None else np.asarray(logits, dtype=np.float32).copy()
         self.carry_signal = data["carry_signal"]
-        self.steps, self.clock, self.last_ubatch = int(data["steps"]), int(data["clock"]), int(data["last_ubatch"])
+        self.steps, self.clock = int(data["steps"]), int(data["clock"])
         self.swa_transferred, self.transient_kv_bytes = bool(data["swa_transferred"]), int(data["transient_kv_bytes"])
         counters = dict(data["counters"])
         kinds = {k: RouteCounts(**counters.pop(k)) for k in ("prompt", "step", "chunk")}
