@@ -182,6 +182,11 @@ class SekvConfig:
     span_min: int = setting(32, "shortest span: runs between anchors are cut at surprisal change points into spans of "
                                 "span_min..span_max tokens (a shorter tail waits in the window for more tokens)")
     span_max: int = setting(64, "longest span (see span_min)")
+    signal: str = setting(
+        "surprisal", 'the segmentation signal. "surprisal": -log p of each prompt token (a logits row over the '
+                     'vocabulary per token); "rarity": its self-information within the text seen so far (no '
+                     "logits: the context reserves one row)",
+        choices=("surprisal", "rarity"))
     span_cuts: str = setting(
         "sentence", 'where a span may end. "sentence": at the largest surprisal jump among the cuts right after a '
                     "sentence end (a token ending in . ! ? or holding a line break) in its length range, anywhere "
@@ -283,6 +288,8 @@ class SekvConfig:
             raise ValueError(f"need 1 <= span_min <= span_max, got {self.span_min}, {self.span_max}")
         if not 0 < self.energy <= 1:
             raise ValueError(f"energy must be in (0, 1], got {self.energy}")
+        if self.signal not in ("surprisal", "rarity"):
+            raise ValueError(f"signal must be surprisal or rarity, got {self.signal!r}")
         if self.refresh_tokens < 1:
             raise ValueError(f"refresh_tokens must be >= 1, got {self.refresh_tokens}")
         if self.turn_tokens < 0:

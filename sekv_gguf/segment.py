@@ -131,6 +131,36 @@ class Segmenter:
         return lo + int(np.argmax(jumps))
 
 
+class RaritySegmenter(Segmenter):
+    """SeKV's segmentation (anchors, change points, weights) on a signal that needs no logits: a token's
+    self-information within the text seen so far, ``log((n + 1) / (c + 1))`` for a token seen ``c`` times among the
+    ``n`` before it (first occurrences of a word score high, repetitions low). ``signal="rarity"``."""
+
+    scored = False
+
+    def __init__(self, config: SekvConfig, cap: int):
+        super().__init__(config, cap)
+        self._counts: dict[int, int] = {}
+        self._seen = 0
+
+    def signal(self, tokens: list[int], surprisal: np.ndarray, piece: Callable[[int], bytes]) -> np.ndarray:
+        """float32 [n]: each token's in-text self-information (updates the counts)."""
+        out = np.empty(len(tokens), dtype=np.float32)
+        for i, t in enumerate(tokens):
+            c = self._counts.get(int(t), 0)
+            out[i] = np.log((self._seen + 1) / (c + 1))
+            self._counts[int(t)] = c + 1
+            self._seen += 1
+        return out
+
+    def state(self) -> dict[str, float]:
+        return {**super().state(), "seen": self._seen, "counts": dict(self._counts)}
+
+    def load_state(self, state: dict[str, float]) -> None:
+        super().load_state(state)
+        self._seen, self._counts = int(state["seen"]), {int(k): int(v) for k, v in dict(state["counts"]).items()}
+
+
 class BlockSegmenter(Segmenter):
     """Fixed blocks of ``block`` tokens, no anchors, no signal (the Quest-like baseline)."""
 

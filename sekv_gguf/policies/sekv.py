@@ -18,6 +18,7 @@ Baselines compose the same engine with another segmenter, router and no summary 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import llama_cpp
@@ -26,7 +27,7 @@ import numpy as np
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..errors import BudgetError
 from ..router import Router, training_free
-from ..segment import Segmenter
+from ..segment import RaritySegmenter, Segmenter
 from ..session import Session
 from ..span_store import SpanStore
 from ..stats import PolicyStats
@@ -36,6 +37,8 @@ from .prefill import ExactPasses, chunk_starts, exact_pass, prefill_exact, refre
 from .rollback import truncate
 from .sekv_memory import SekvMemory
 from .span_routing import SpanRouting
+
+ONE_ROW_MIB = 1e-9  # a ContextConfig.logits_mib that leaves llama.cpp one logits row (session.output_rows)
 
 
 class SekvPolicy(Policy):
@@ -69,7 +72,12 @@ class SekvPolicy(Policy):
         n_swa = int(llama_cpp.llama_model_n_swa(model.model)) if config.refresh_window else 0
         self.tail_refresh = min(config.refresh_tokens + n_swa, max(plan.cells, config.refresh_tokens))
         ubatch = max(plan.chunk, self.tail_refresh) if n_swa else plan.chunk
-        super().__init__(Session(model, ctx_config.sized(plan.cells, ubatch)), observer)
+        if segmenter is None:
+            segmenter = (RaritySegmenter if config.signal == "rarity" else Segmenter)(config, plan.anchor_cap)
+        sized = ctx_config.sized(plan.cells, ubatch)
+        if not segmenter.scored:  # no decode asks for more than the last token's logits: reserve one row
+            sized = replace(sized, logits_mib=ONE_ROW_MIB)
+        super().__init__(Session(model, sized), observer)
         hook = self.session.hook
         if hook.info.kv_size != plan.cells:
             raise BudgetError(f"llama.cpp allocated {hook.info.kv_size} cells for a budget of {plan.cells}")
@@ -81,7 +89,7 @@ class SekvPolicy(Policy):
             hook.enable_bias()
         self.routing = SpanRouting(router, config)
         store = SpanStore(hook.info.n_layer_kv, layer.n_head_kv, layer.head_dim_k, config, router.sketch)
-        self.memory = SekvMemory(self.session, plan, config, segmenter or Segmenter(config, plan.anchor_cap), store,
+        self.memory = SekvMemory(self.session, plan, config, segmenter, store,
                                  n_context, summary_rows, on_irreversible=self.irreversible)
         self._init_done()
 
