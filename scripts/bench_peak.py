@@ -25,7 +25,7 @@ from sekv_gguf.session import load_model
 QUESTION = "\n\nQuestion: What is the main topic of the text above?\nAnswer:"
 # the default sekv prefill streams (with the sliding-window refresh); "exact" is the full-size reference
 SETTINGS = {"full": ["--policy", "full"], "sekv": [], "sekv-exact": ["--prefill", "exact"],
-            "sekv-routed": ["--chunk-routing", "layer"]}
+            "sekv-routed": ["--chunk-routing", "layer"], "sekv-rarity": ["--signal", "rarity"]}
 
 
 def document(model_path: str, n_tokens: int) -> str:

@@ -134,31 +134,44 @@ class Segmenter:
 class RaritySegmenter(Segmenter):
     """SeKV's segmentation (anchors, change points, weights) on a signal that needs no logits: a token's
     self-information within the text seen so far, ``log((n + 1) / (c + 1))`` for a token seen ``c`` times among the
-    ``n`` before it (first occurrences of a word score high, repetitions low). ``signal="rarity"``."""
+    ``n`` before it (first occurrences of a word score high, repetitions low). ``signal="rarity"``. It keeps the
+    token ids it has seen, so that a truncation rewinds the counts too."""
 
     scored = False
 
     def __init__(self, config: SekvConfig, cap: int):
         super().__init__(config, cap)
+        self._history: list[int] = []  # every token id signalled, in order (sinks included)
         self._counts: dict[int, int] = {}
-        self._seen = 0
 
     def signal(self, tokens: list[int], surprisal: np.ndarray, piece: Callable[[int], bytes]) -> np.ndarray:
         """float32 [n]: each token's in-text self-information (updates the counts)."""
         out = np.empty(len(tokens), dtype=np.float32)
         for i, t in enumerate(tokens):
             c = self._counts.get(int(t), 0)
-            out[i] = np.log((self._seen + 1) / (c + 1))
+            out[i] = np.log((len(self._history) + 1) / (c + 1))
             self._counts[int(t)] = c + 1
-            self._seen += 1
+            self._history.append(int(t))
         return out
 
+    def rewind(self, surprisal: np.ndarray, n_anchors: int) -> None:
+        """As ``Segmenter.rewind``; the counts go back to the tokens kept (``surprisal`` holds the signal of those
+        past the sinks, which were signalled but never tracked)."""
+        n_sinks = len(self._history) - self._n
+        self._recount(self._history[: n_sinks + len(surprisal)])
+        super().rewind(surprisal, n_anchors)
+
+    def _recount(self, history: list[int]) -> None:
+        self._history, self._counts = list(history), {}
+        for t in self._history:
+            self._counts[t] = self._counts.get(t, 0) + 1
+
     def state(self) -> dict[str, float]:
-        return {**super().state(), "seen": self._seen, "counts": dict(self._counts)}
+        return {**super().state(), "history": list(self._history)}
 
     def load_state(self, state: dict[str, float]) -> None:
         super().load_state(state)
-        self._seen, self._counts = int(state["seen"]), {int(k): int(v) for k, v in dict(state["counts"]).items()}
+        self._recount([int(t) for t in state["history"]])
 
 
 class BlockSegmenter(Segmenter):

@@ -155,8 +155,10 @@ def test_a_turn_is_decoded_once_with_one_logits_row(llama_model, gemma_model, wh
     model = llama_model if which == "llama" else gemma_model
     doc, turn = _tokens(model, 1400, 300), _tokens(model, 21, 7000)[1:]
     cost = {}
-    for label, params in (("layer", SekvConfig()), ("refresh", SekvConfig(turn_routing="refresh")),
-                          ("prompt", SekvConfig(turn_tokens=0))):
+    surprisal = {"signal": "surprisal"}  # the scored signal: a rarity memory never asks for a row per token
+    for label, params in (("layer", SekvConfig(**surprisal)),
+                          ("refresh", SekvConfig(turn_routing="refresh", **surprisal)),
+                          ("prompt", SekvConfig(turn_tokens=0, **surprisal))):
         policy = make_policy("sekv", model, 2000, budget=BUDGET, params=params)
         try:
             policy.append(doc)

@@ -25,6 +25,7 @@ def test_rarity_is_self_information_within_the_text_so_far():
         SekvConfig(signal="entropy")
 
 
+
 @pytest.mark.parametrize("which", ["llama", "gemma"])
 def test_a_rarity_memory_reserves_one_logits_row_and_compresses(llama_model, gemma_model, which):
     model = llama_model if which == "llama" else gemma_model
@@ -43,3 +44,29 @@ def test_a_rarity_memory_reserves_one_logits_row_and_compresses(llama_model, gem
         assert policy.memory.segmenter.state() == plain["segmenter"]
     finally:
         policy.close()
+    exact = make_policy("sekv", model, len(toks) + 8, budget=BudgetConfig(kv_budget=384, chunk=128),
+                        params=SekvConfig(signal="rarity", prefill="exact"))
+    try:  # the exact prefill (the reference) segments by surprisal whatever the signal
+        assert type(exact.memory.segmenter) is not RaritySegmenter and exact.memory.segmenter.scored
+    finally:
+        exact.close()
+
+
+def test_a_truncated_rarity_memory_signals_what_a_fresh_one_does(llama_model):
+    """Rolling back and decoding again gives the same signal as a memory that never saw the discarded tokens."""
+    toks = llama_model.tokenize(prose(9000, offset=1300).encode(), add_bos=True, special=False)[:900]
+    other = llama_model.tokenize(prose(9000, offset=5000).encode(), add_bos=False, special=False)[:40]
+    logs = []
+    for detour in (True, False):
+        policy = make_policy("sekv", llama_model, 1200, budget=BudgetConfig(kv_budget=384, chunk=128),
+                             params=SekvConfig(signal="rarity"))
+        try:
+            policy.prefill(toks)
+            if detour:
+                policy.append(other)
+                policy.truncate(len(toks))
+            policy.append(toks[100:140])
+            logs.append(policy.memory.signal_log.copy())
+        finally:
+            policy.close()
+    np.testing.assert_array_equal(logs[0], logs[1])

@@ -73,7 +73,8 @@ class SekvPolicy(Policy):
         self.tail_refresh = min(config.refresh_tokens + n_swa, max(plan.cells, config.refresh_tokens))
         ubatch = max(plan.chunk, self.tail_refresh) if n_swa else plan.chunk
         if segmenter is None:
-            segmenter = (RaritySegmenter if config.signal == "rarity" else Segmenter)(config, plan.anchor_cap)
+            rarity = config.signal == "rarity" and config.prefill != "exact"  # the reference takes surprisal
+            segmenter = (RaritySegmenter if rarity else Segmenter)(config, plan.anchor_cap)
         sized = ctx_config.sized(plan.cells, ubatch)
         if not segmenter.scored:  # no decode asks for more than the last token's logits: reserve one row
             sized = replace(sized, logits_mib=ONE_ROW_MIB)
@@ -121,7 +122,8 @@ class SekvPolicy(Policy):
         starts = chunk_starts(len(tokens), self.plan.chunk, cfg.refresh_tokens)
         for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
             mem.make_room(c1 - c0)  # room for the chunk (an elastic window may have filled the budget)
-            logits = self._decode_chunk(tokens[c0:c1], scored and cfg.chunk_routing == "layer", scored, fill)
+            routed = not self.plan.fits and not turn and cfg.chunk_routing == "layer"
+            logits = self._decode_chunk(tokens[c0:c1], routed, scored, fill)
             self._chunk_done(c1)
         if len(mem.store):
             changes = mem.zoom.changes
