@@ -23,9 +23,9 @@ from sekv_gguf.ruler_tasks import stdlib_prose
 from sekv_gguf.session import load_model
 
 QUESTION = "\n\nQuestion: What is the main topic of the text above?\nAnswer:"
-# the default sekv prefill streams (with the sliding-window refresh); "exact" is the full-size reference
+# the default sekv prefill streams (rarity signal, sliding-window refresh); "exact" is the full-size reference
 SETTINGS = {"full": ["--policy", "full"], "sekv": [], "sekv-exact": ["--prefill", "exact"],
-            "sekv-routed": ["--chunk-routing", "layer"], "sekv-rarity": ["--signal", "rarity"]}
+            "sekv-routed": ["--chunk-routing", "layer"], "sekv-surprisal": ["--signal", "surprisal"]}
 
 
 def document(model_path: str, n_tokens: int) -> str:

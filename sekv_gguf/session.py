@@ -179,25 +179,24 @@ class Session:
 
     # -- text --------------------------------------------------------------------------------------------------
 
-    def swa_covers(self, n: int) -> bool:
-        """Whether the sliding-window cache of an iSWA model still holds the window before position ``n``, so that
-        decoding can go on from ``n`` once later positions are removed (always true without one)."""
+    def swa_reach(self) -> int:
+        """The earliest position decoding can go on from once later positions are removed: the sliding-window cache
+        of an iSWA model must still hold the window before it (llama.cpp keeps every position from its smallest to
+        its largest and overwrites the oldest once the cache, n_swa + n_ubatch cells, is full); 0 without one or
+        while it still holds position 0."""
         info = self.hook.info
         if not info.is_iswa:
-            return True
-        return int(llama_cpp.llama_memory_seq_pos_min(self.memory, 0)) <= max(0, n - info.n_swa)
+            return 0
+        p_min = int(llama_cpp.llama_memory_seq_pos_min(self.memory, 0))
+        return 0 if p_min <= 0 else p_min + info.n_swa
+
+    def swa_covers(self, n: int) -> bool:
+        """Whether decoding can go on from position ``n`` once later positions are removed (``swa_reach``)."""
+        return n >= self.swa_reach()
 
     def swa_redo(self) -> int:
-        """How many of the newest positions can be removed and decoded again while the sliding-window cache of an
-        iSWA model still holds the window before them (llama.cpp keeps every position from its smallest to its
-        largest; it overwrites the oldest once the cache, n_swa + n_ubatch cells, is full); at least one."""
-        info = self.hook.info
-        p_max = self.pos_max()
-        if not info.is_iswa:
-            return p_max + 1
-        p_min = int(llama_cpp.llama_memory_seq_pos_min(self.memory, 0))
-        reach = 0 if p_min <= 0 else p_min + info.n_swa  # the first position whose window is complete
-        return max(1, p_max + 1 - reach)
+        """How many of the newest positions can be removed and decoded again (``swa_reach``); at least one."""
+        return max(1, self.pos_max() + 1 - self.swa_reach())
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self.model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)

@@ -120,9 +120,9 @@ class SekvPolicy(Policy):
                 self._chunk_done(len(tokens))
                 return logits
         starts = chunk_starts(len(tokens), self.plan.chunk, cfg.refresh_tokens)
+        routed = not self.plan.fits and not turn and cfg.chunk_routing == "layer"
         for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
             mem.make_room(c1 - c0)  # room for the chunk (an elastic window may have filled the budget)
-            routed = not self.plan.fits and not turn and cfg.chunk_routing == "layer"
             logits = self._decode_chunk(tokens[c0:c1], routed, scored, fill)
             self._chunk_done(c1)
         if len(mem.store):
