@@ -161,9 +161,10 @@ int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64
     if (n_spans == 0) return SEKV_N_OK;
     if (q == NULL || len == NULL || rank == NULL || a == NULL || b == NULL || out == NULL) return SEKV_N_ERR_NULL;
     for (int64_t s = 0; s < n_spans; ++s) {
-        if (len[s] <= 0 || len[s] > SEKV_MAX_SPAN || rank[s] < SEKV_RANK_Q8 || rank[s] > len[s] || rank[s] > d) {
+        if (len[s] <= 0 || len[s] > SEKV_MAX_SPAN || rank[s] < SEKV_RANK_Q4 || rank[s] > len[s] || rank[s] > d) {
             return SEKV_N_ERR_SIZE;
         }
+        if (rank[s] == SEKV_RANK_Q4 && (d & 1)) return SEKV_N_ERR_SIZE;
         if (a[s] == NULL || (rank[s] != 0 && b[s] == NULL)) return SEKV_N_ERR_NULL;
         if (rank[s] > 0 && (n_head / n_head_kv) * rank[s] > SEKV_MAX_QV) return SEKV_N_ERR_SIZE;
     }
@@ -183,6 +184,24 @@ int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64
                 for (int64_t kh = 0; kh < n_head_kv; ++kh) {
                     const int8_t * c = codes + (t*n_head_kv + kh)*d;
                     for (int64_t i = 0; i < d; ++i) row[i] = (float) c[i] * scale[kh*d + i];
+                    for (int64_t g = 0; g < group; ++g) {
+                        const int64_t h = kh*group + g;
+                        sekv_lse_push(&m[h], &sum[h], sekv_dot(q + h*d, row, d));
+                    }
+                }
+            }
+        } else if (r == SEKV_RANK_Q4) {
+            /* 4-bit codes [L, Hkv, d/2] with per-channel scale and zero f16 [2, Hkv, d] */
+            const uint8_t * codes = (const uint8_t *) a[s];
+            const uint16_t * scale = (const uint16_t *) b[s], * zero = scale + n_head_kv*d;
+            for (int64_t t = 0; t < L; ++t) {
+                for (int64_t kh = 0; kh < n_head_kv; ++kh) {
+                    const uint8_t * c = codes + (t*n_head_kv + kh)*(d/2);
+                    const uint16_t * sc = scale + kh*d, * zr = zero + kh*d;
+                    for (int64_t i = 0; i < d/2; ++i) {
+                        row[2*i]     = sekv_h2f_table[zr[2*i]]     + (float) (c[i] & 0x0f) * sekv_h2f_table[sc[2*i]];
+                        row[2*i + 1] = sekv_h2f_table[zr[2*i + 1]] + (float) (c[i] >> 4)   * sekv_h2f_table[sc[2*i + 1]];
+                    }
                     for (int64_t g = 0; g < group; ++g) {
                         const int64_t h = kh*group + g;
                         sekv_lse_push(&m[h], &sum[h], sekv_dot(q + h*d, row, d));
@@ -269,6 +288,32 @@ int32_t sekv_q8_to_f16(const int8_t * codes, const float * scales, int64_t n, in
             for (int64_t c = 0; c < d; ++c) {
                 const float scale = per_token ? scales[t*n_head_kv + h] : scales[h*d + c];
                 out[o + c] = sekv_float_to_half((float) codes[o + c] * scale);
+            }
+        }
+    }
+    return SEKV_N_OK;
+}
+
+int32_t sekv_q4_to_f16(const uint8_t * codes, const uint16_t * params, int64_t n, int64_t n_head_kv, int64_t d,
+                       int64_t group, uint16_t * out) {
+    if (n < 0 || n_head_kv <= 0 || d <= 0 || (d & 1) || group < 0 || (group > 0 && d % group != 0) ||
+        n > INT64_MAX / n_head_kv / d) {
+        return SEKV_N_ERR_SIZE;
+    }
+    if (n == 0) return SEKV_N_OK;
+    if (codes == NULL || params == NULL || out == NULL) return SEKV_N_ERR_NULL;
+    sekv_h2f_init();
+    /* (scale, zero) of element (t, h, c): per channel [2, Hkv, d] or per token and group [2, n, Hkv, d/group] */
+    const int64_t n_params = group ? n*n_head_kv*(d/group) : n_head_kv*d;
+    const uint16_t * scale = params, * zero = params + n_params;
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t h = 0; h < n_head_kv; ++h) {
+            const uint8_t * c = codes + (t*n_head_kv + h)*(d/2);
+            uint16_t * o = out + (t*n_head_kv + h)*d;
+            for (int64_t i = 0; i < d; ++i) {
+                const int64_t p = group ? (t*n_head_kv + h)*(d/group) + i/group : h*d + i;
+                const float code = (float) ((i & 1) ? (c[i/2] >> 4) : (c[i/2] & 0x0f));
+                o[i] = sekv_float_to_half(sekv_h2f_table[zero[p]] + code * sekv_h2f_table[scale[p]]);
             }
         }
     }

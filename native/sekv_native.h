@@ -24,7 +24,9 @@ int32_t sekv_surprisal(const float * logits, int64_t n, int64_t n_vocab, const i
  * q: f32 [n_head, d] (already scaled so that q . k is the attention logit). Span s has len[s] rows; rank[s] == 0:
  * a[s] holds its raw f16 K rows [len, n_head_kv, d]; rank[s] = r > 0: a[s] holds f16 U.S [n_head_kv, len, r] and
  * b[s] f16 V^T [n_head_kv, r, d]; rank[s] == SEKV_RANK_Q8: a[s] holds int8 codes [len, n_head_kv, d] and b[s] f32
- * per-channel scales [n_head_kv, d] (k = code * scale). Sizes are checked (d <= SEKV_MAX_HEAD_DIM,
+ * per-channel scales [n_head_kv, d] (k = code * scale); rank[s] == SEKV_RANK_Q4: a[s] holds 4-bit codes packed two
+ * per byte [len, n_head_kv, d / 2] (channel 2i in the low nibble, 2i + 1 in the high one; d even) and b[s] f16
+ * [2, n_head_kv, d]: per-channel scale, then zero (k = zero + code * scale). Sizes are checked (d <= SEKV_MAX_HEAD_DIM,
  * n_head <= SEKV_MAX_HEADS, len <= SEKV_MAX_SPAN, rank <= min(len, d), group * rank <= SEKV_MAX_QV); the
  * buffers' extents are the caller's to vouch for. */
 #define SEKV_MAX_HEAD_DIM 1024
@@ -32,6 +34,7 @@ int32_t sekv_surprisal(const float * logits, int64_t n, int64_t n_vocab, const i
 #define SEKV_MAX_SPAN     65536
 #define SEKV_MAX_QV       16384   /* (n_head / n_head_kv) * rank */
 #define SEKV_RANK_Q8      -1      /* rank of a span stored as int8 codes with per-channel scales */
+#define SEKV_RANK_Q4      -2      /* rank of a span stored as packed 4-bit codes with per-channel scale and zero */
 /* fills the f16 -> f32 table the mass scorer uses; sekv_gguf.native calls it once at import */
 void sekv_init(void);
 int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
@@ -42,6 +45,12 @@ int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64
  * as values are stored). codes: int8 [n, n_head_kv, d]; out: f16 [n, n_head_kv, d]. */
 int32_t sekv_q8_to_f16(const int8_t * codes, const float * scales, int64_t n, int64_t n_head_kv, int64_t d,
                        int32_t per_token, uint16_t * out);
+/* 4-bit host rows back to f16 device rows: out[t, h, c] = f16(zero + code * scale) with code the 4-bit code of
+ * (t, h, c) in codes uint8 [n, n_head_kv, d / 2] (packed as in sekv_span_mass; d even) and (scale, zero) from params
+ * f16: group == 0: [2, n_head_kv, d], one pair per channel (as keys are stored); group > 0 (a divisor of d):
+ * [2, n, n_head_kv, d / group], one pair per token, head and run of ``group`` channels (as values are stored). */
+int32_t sekv_q4_to_f16(const uint8_t * codes, const uint16_t * params, int64_t n, int64_t n_head_kv, int64_t d,
+                       int64_t group, uint16_t * out);
 /* Attention probabilities of one query over n cache rows, summed over the query heads and added to out[n]:
  *   out[i] += sum_h softmax_i(q[h] . k[i, h / (n_head / n_head_kv)])
  * q: f32 [n_head, d] (scaled so that q . k is the logit); k: f16 [n, n_head_kv, d]; scratch: f32 [n_scratch >= n].

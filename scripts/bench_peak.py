@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sekv_gguf.models import default_model_path
+from sekv_gguf.models import default_chat_model_path, default_model_path
 from sekv_gguf.provenance import envelope
 from sekv_gguf.ruler_tasks import stdlib_prose
 from sekv_gguf.session import load_model
@@ -25,7 +25,8 @@ from sekv_gguf.session import load_model
 QUESTION = "\n\nQuestion: What is the main topic of the text above?\nAnswer:"
 # the default sekv prefill streams (rarity signal, sliding-window refresh); "exact" is the full-size reference
 SETTINGS = {"full": ["--policy", "full"], "sekv": [], "sekv-exact": ["--prefill", "exact"],
-            "sekv-routed": ["--chunk-routing", "layer"], "sekv-surprisal": ["--signal", "surprisal"]}
+            "sekv-routed": ["--chunk-routing", "layer"], "sekv-surprisal": ["--signal", "surprisal"],
+            "sekv-q8": ["--host-format", "q8"]}
 
 
 def document(model_path: str, n_tokens: int) -> str:
@@ -60,9 +61,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-n", "--n-predict", type=int, default=8)
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--model", help="GGUF model (default: Gemma 3 270M; \"smollm2\": the chat default)")
     ap.add_argument("--out", default="bench/peak-28k")
     args = ap.parse_args()
-    model = str(default_model_path())
+    model = str(default_chat_model_path() if args.model == "smollm2" else args.model or default_model_path())
     os.environ["SEKV_THREADS"] = str(args.threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,10 +82,13 @@ def main() -> int:
                    "device_kv_bytes": r["device_kv_bytes"], "host_kv_bytes": r["host_kv_bytes"],
                    "full_kv_bytes": r["full_kv_bytes"], "prefill_tok_s": r["prefill_tok_s"],
                    "decode_tok_s": r["decode_tok_s"], "wall_s": big["wall_s"], "text": r["text"],
-                   "sekv": r.get("sekv")}
+                   "sekv": r.get("sekv"),
+                   # what the memory holds after the prompt (device cells + host tier), as a share of full KV
+                   "kv_after_prompt_over_full": (r["device_kv_bytes"] + r["host_kv_bytes"]) / r["full_kv_bytes"]}
             rows.append(row)
             print(f"{name:>15}: max RSS {row['max_rss_bytes'] / 2**20:7.1f} MiB, context cost "
-                  f"{row['context_cost_bytes'] / 2**20:7.1f} MiB, prefill {row['prefill_tok_s']:6.1f} tok/s", flush=True)
+                  f"{row['context_cost_bytes'] / 2**20:7.1f} MiB, prefill {row['prefill_tok_s']:6.1f} tok/s, device + "
+                  f"host {row['kv_after_prompt_over_full']:.2f} of full KV", flush=True)
     full = next((r for r in rows if r["setting"] == "full"), None)
     for r in rows:
         r["context_cost_over_full"] = r["context_cost_bytes"] / full["context_cost_bytes"] if full else None

@@ -20,7 +20,7 @@ KV_TYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16}
 TRAINING_FREE_SCORES = ("index", "mass", "summary", "centroid", "bound")
 
 # how span rows are kept in the host tier where factors would not be smaller (``SekvConfig.host_format``)
-HOST_FORMATS = ("f16", "q8")
+HOST_FORMATS = ("f16", "q8", "q4")
 
 MIB = 1 << 20  # bytes in a MiB
 CELL_GRANULARITY = 256  # llama.cpp allocates KV cells in multiples of this
@@ -205,9 +205,11 @@ class SekvConfig:
                                            "do")
     r_max: int = setting(64, "largest rank stored")
     host_format: str = setting(
-        "q8", "how span rows are stored where factors would not be smaller: \"q8\" (int8 codes, one f32 scale per "
-              'channel for K and per token for V: about half the bytes of "f16") or "f16" (as the device holds '
-              "them: with energy 1 the host tier is then exact)",
+        "q4", "how span rows are stored where factors would not be smaller: \"q8\" (int8 codes, one f32 scale per "
+              'channel for K and per token for V: about half the bytes of "f16"), "q4" (4-bit codes with an f16 '
+              "scale and zero per channel for K and per token and 32 channels for V: about 0.3 of \"f16\"; int8 "
+              'where the head size is odd) or "f16" (as the device holds them: with energy 1 the host tier is then '
+              "exact)",
         choices=HOST_FORMATS)
     prefill: str = setting(
         "auto", '"auto": streamed through the budget context (device cells never above the budget, no full-size '

@@ -40,7 +40,7 @@ class RunResult:
         session = policy.session
         return cls(text=session.text(tokens), tokens=list(tokens), policy=policy.name, model=model_name,
                    prompt_tokens=prompt_tokens, generated_tokens=len(tokens),
-                   full_kv_bytes=full_kv_bytes(session, n_context, session.config.n_ubatch), prefill_s=prefill_s,
+                   full_kv_bytes=full_kv_bytes(session, n_context, policy.full_kv_ubatch), prefill_s=prefill_s,
                    decode_s=decode_s, stats=policy.stats())
 
     @property

@@ -12,6 +12,7 @@ from ._native import ffi, lib
 from .errors import NativeError
 
 RANK_Q8 = lib.SEKV_RANK_Q8  # SpanTable rank of int8 rows
+RANK_Q4 = lib.SEKV_RANK_Q4  # SpanTable rank of packed 4-bit rows
 
 _MESSAGES = {
     lib.SEKV_N_ERR_NULL: "a required buffer is missing",
@@ -81,7 +82,8 @@ def surprisal_at(address: int, n_rows: int, n_vocab: int, next_tokens: object) -
 
 class SpanTable:
     """The host K rows of every span of one layer, as the pointer table ``span_mass`` reads: per span its length,
-    rank (0: raw f16 rows, ``RANK_Q8``: int8 codes with per-channel scales) and its arrays (kept referenced here,
+    rank (0: raw f16 rows, ``RANK_Q8``: int8 codes with per-channel scales, ``RANK_Q4``: packed 4-bit codes with
+    per-channel scale and zero) and its arrays (kept referenced here,
     so the pointers stay valid)."""
 
     def __init__(self, n_head_kv: int, head_dim: int):
@@ -124,11 +126,20 @@ class SpanTable:
         return out
 
     def append(self, length: int, raw: np.ndarray | None, us: np.ndarray | None, vt: np.ndarray | None,
-               q8: np.ndarray | None = None, scale: np.ndarray | None = None) -> None:
+               q8: np.ndarray | None = None, scale: np.ndarray | None = None, q4: np.ndarray | None = None) -> None:
         """raw f16 [L, Hkv, d], or us f16 [Hkv, L, r] with vt f16 [Hkv, r, d], or q8 int8 [L, Hkv, d] with its
-        per-channel scale f32 [Hkv, d] (or any shape of those values)."""
+        per-channel scale f32 [Hkv, d] (or any shape of those values), or q4 uint8 [L, Hkv, d/2] (two 4-bit codes
+        per byte) with ``scale`` f16 [2, Hkv, d]: per-channel scale, then zero."""
         hkv, d = self.n_head_kv, self.head_dim
-        if q8 is not None:
+        if q4 is not None:
+            a = np.ascontiguousarray(q4)
+            b = np.ascontiguousarray(scale).reshape(-1)
+            if (a.dtype != np.uint8 or d % 2 or a.shape != (length, hkv, d // 2) or b.dtype != np.float16
+                    or b.size != 2 * hkv * d):
+                raise NativeError(f"4-bit span rows {a.dtype} {a.shape} with {b.dtype} {b.size} parameters, expected "
+                                  f"uint8 {(length, hkv, d // 2)} with float16 {2 * hkv * d}")
+            rank = RANK_Q4
+        elif q8 is not None:
             a = np.ascontiguousarray(q8)
             b = np.ascontiguousarray(scale, dtype=np.float32).reshape(-1)
             if a.dtype != np.int8 or a.shape != (length, hkv, d) or b.size != hkv * d:
@@ -189,6 +200,28 @@ def q8_to_f16(codes: np.ndarray, scale: np.ndarray, per_token: bool) -> np.ndarr
     if c.size:
         _check("q8_to_f16", lib.sekv_q8_to_f16(ffi.cast("int8_t *", c.ctypes.data), _ptr("float *", s), n, hkv, d,
                                                 int(per_token), _ptr("uint16_t *", out)))
+    return out
+
+
+def q4_to_f16(codes: np.ndarray, params: np.ndarray, group: int) -> np.ndarray:
+    """f16 [n, Hkv, d] rows zero + code * scale of 4-bit ``codes`` uint8 [n, Hkv, d/2] (channel 2i in the low
+    nibble): ``params`` f16 [2, Hkv, d] (scale, zero) per channel when ``group`` is 0, or [2, n, Hkv, d/group] per
+    token and run of ``group`` channels."""
+    c = np.ascontiguousarray(codes)
+    if c.dtype != np.uint8 or c.ndim != 3:
+        raise NativeError(f"codes must be uint8 [n, n_head_kv, d/2], got {c.dtype} {c.shape}")
+    n, hkv, d = c.shape[0], c.shape[1], 2 * c.shape[2]
+    if group < 0 or (group and d % group):
+        raise NativeError(f"group {group} does not divide the head size {d}")
+    p = np.ascontiguousarray(params)
+    want = 2 * (n * hkv * (d // group) if group else hkv * d)
+    if p.dtype != np.float16 or p.size != want:
+        raise NativeError(f"{p.dtype} {p.size} parameters for 4-bit rows {c.shape} (group {group}), expected "
+                          f"float16 {want}")
+    out = np.empty((n, hkv, d), dtype=np.float16)
+    if c.size:
+        _check("q4_to_f16", lib.sekv_q4_to_f16(_ptr("uint8_t *", c), _ptr("uint16_t *", p), n, hkv, d, group,
+                                                _ptr("uint16_t *", out)))
     return out
 
 

@@ -97,7 +97,7 @@ class SpanStore:
                                     factorize(v_parts, self.config, values=True)):
                 span.k.append(kf)
                 span.v.append(vf)
-                self.tables[ikv].append(span.length, kf.raw, kf.us, kf.vt, kf.q8, kf.scale)
+                self.tables[ikv].append(span.length, kf.raw, kf.us, kf.vt, kf.q8, kf.scale, kf.q4)
             k_mean = np.stack([weighted_mean(p, w) for p, w in zip(k_parts, weights)])  # [n_new, Hkv, d]
             v_mean = np.stack([weighted_mean(p, w) for p, w in zip(v_parts, weights)])
             self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean])
@@ -146,7 +146,7 @@ class SpanStore:
                              *self.blocks]
         for s in self.spans:
             out += [s.positions, *s.k, *s.v]
-            out += [a for f in s.k + s.v for a in (f.us, f.vt, f.raw, f.q8, f.scale) if a is not None]
+            out += [a for f in s.k + s.v for a in (f.us, f.vt, f.raw, f.q8, f.scale, f.q4) if a is not None]
         for t in self.tables:
             out += t.arrays
         for sk in self.sketch:
@@ -181,7 +181,7 @@ class SpanStore:
         for ikv, table in enumerate(self.tables):
             for sp in self.spans:
                 kf = sp.k[ikv]
-                table.append(sp.length, kf.raw, kf.us, kf.vt, kf.q8, kf.scale)
+                table.append(sp.length, kf.raw, kf.us, kf.vt, kf.q8, kf.scale, kf.q4)
 
     def place_summaries(self, first: int, cells: np.ndarray) -> None:
         """Record the device cells that hold the summary rows of spans ``first, first+1, ...``."""
@@ -192,7 +192,16 @@ class SpanStore:
 
     @property
     def host_bytes(self) -> int:
-        return int(sum(s.nbytes for s in self.spans))
+        """Bytes the store holds in host memory: the spans' rows or factors and positions, and the routing data."""
+        return int(sum(s.nbytes for s in self.spans)) + self.routing_bytes
+
+    @property
+    def routing_bytes(self) -> int:
+        """Bytes of the routing data stacked from the spans: summary keys, key bounds, block index, sketches,
+        lengths (as held, f32 / f64)."""
+        routing = [self.lengths, self.block_logn, *self.keys, *self.kmin, *self.kmax, *self.blocks]
+        routing += [x for sk in self.sketch for x in sk.values()]
+        return int(sum(a.nbytes for a in routing))
 
     @property
     def index_bytes(self) -> int:

@@ -3,8 +3,10 @@ row that stays on the device.
 
 Rank per (span, layer, K|V): the smallest r keeping ``energy`` (``energy_v`` for V) of the squared Frobenius norm
 for every KV head; if r > r_max or the fp16 factors (U·S [L, r] and Vᵀ [r, d] per head) would not be smaller than
-the rows as stored, the rows are stored: fp16, or with ``host_format="q8"`` int8 codes with one f32 scale per
-channel for K (keys' outlier channels, as KIVI quantizes them) and per token for V. The SVDs of a batch are one
+the rows as stored, the rows are stored: fp16; with ``host_format="q8"`` int8 codes with one f32 scale per
+channel for K (keys' outlier channels, as KIVI quantizes them) and per token for V; with ``host_format="q4"``
+4-bit codes (two per byte) with an f16 scale and zero (the minimum) per channel for K and per token and run of
+``Q4_GROUP`` channels for V (KIVI's asymmetric layout). The SVDs of a batch are one
 LAPACK call over zero-padded spans (see ``factorize``).
 """
 
@@ -17,6 +19,9 @@ import numpy as np
 from . import native
 from .config import SekvConfig
 
+Q4_GROUP = 32   # channels per (scale, zero) pair of a 4-bit value row (or the largest divisor of d below it)
+Q4_LEVELS = 15  # the largest 4-bit code
+
 
 @dataclass
 class Factors:
@@ -26,30 +31,40 @@ class Factors:
     vt: np.ndarray | None   # f16 [n_head_kv, r, d]
     raw: np.ndarray | None  # f16 [L, n_head_kv, d]
     q8: np.ndarray | None = None     # int8 [L, n_head_kv, d] codes (rows stored as int8)
-    scale: np.ndarray | None = None  # f32 [n_head_kv, d] per channel (K) or [L, n_head_kv] per token (V)
+    scale: np.ndarray | None = None  # q8: f32 [n_head_kv, d] per channel (K) or [L, n_head_kv] per token (V);
+                                     # q4: f16 (scale, zero) [2, n_head_kv, d] (K) or [2, L, n_head_kv, d/group] (V)
     per_token: bool = False          # which of the two ``scale`` is
+    q4: np.ndarray | None = None     # uint8 [L, n_head_kv, d/2] 4-bit codes, channel 2i in the low nibble
+    group: int = 0                   # q4 values: channels per (scale, zero) pair (0: per channel, as K)
 
     @property
     def rows_kept(self) -> bool:
-        """The rows themselves are stored (f16 or int8), not factors."""
-        return self.raw is not None or self.q8 is not None
+        """The rows themselves are stored (f16, int8 or 4-bit), not factors."""
+        return self.raw is not None or self.q8 is not None or self.q4 is not None
 
     @property
     def rank(self) -> int:
-        if self.q8 is not None:
-            return int(self.q8.shape[0])
+        if self.q8 is not None or self.q4 is not None:
+            return int((self.q8 if self.q8 is not None else self.q4).shape[0])
         return int(self.raw.shape[0]) if self.raw is not None else int(self.us.shape[2])
 
     @property
     def nbytes(self) -> int:
-        if self.q8 is not None:
-            return self.q8.nbytes + self.scale.nbytes
+        if self.q8 is not None or self.q4 is not None:
+            return (self.q8 if self.q8 is not None else self.q4).nbytes + self.scale.nbytes
         if self.raw is not None:
             return self.raw.nbytes
         return self.us.nbytes + self.vt.nbytes
 
     def rebuild(self) -> np.ndarray:
         """float32 [L, n_head_kv, d]."""
+        if self.q4 is not None:  # zero + code * scale, per channel [Hkv, d] or per token and run of channels
+            n, hkv, half = self.q4.shape
+            codes = np.empty((n, hkv, 2 * half), dtype=np.float32)
+            codes[..., 0::2], codes[..., 1::2] = self.q4 & 0x0F, self.q4 >> 4
+            scale, zero = (np.repeat(x, self.group, axis=-1) if self.group else x[None] for x in
+                           self.scale.astype(np.float32))  # [L, Hkv, d] | [1, Hkv, d]
+            return zero + codes * scale
         if self.q8 is not None:  # [L, Hkv, d] * ([L, Hkv, 1] per token | [1, Hkv, d] per channel)
             return self.q8.astype(np.float32) * (self.scale[:, :, None] if self.per_token else self.scale[None])
         if self.raw is not None:
@@ -58,7 +73,10 @@ class Factors:
         return np.matmul(self.us.astype(np.float32), self.vt.astype(np.float32)).transpose(1, 0, 2)
 
     def rebuild_f16(self) -> np.ndarray:
-        """float16 [L, n_head_kv, d]: the rows as the device cache holds them (int8 rows widened natively)."""
+        """float16 [L, n_head_kv, d]: the rows as the device cache holds them (int8 and 4-bit rows widened
+        natively)."""
+        if self.q4 is not None:
+            return native.q4_to_f16(self.q4, self.scale, self.group)
         if self.q8 is not None:
             return native.q8_to_f16(self.q8, self.scale, self.per_token)
         if self.raw is not None:
@@ -103,6 +121,49 @@ def quantize(m: np.ndarray, per_token: bool) -> Factors:
     return Factors(us=None, vt=None, raw=None, q8=codes, scale=scale, per_token=per_token)
 
 
+def quantize4(m: np.ndarray, group: int) -> Factors:
+    """4-bit codes of rows m f32 [L, Hkv, d] (d even), asymmetric: code = round((x - zero) / scale) in
+    0..``Q4_LEVELS`` with zero the minimum and scale the range / ``Q4_LEVELS`` (both f16), per channel over the span's
+    tokens (``group`` 0: keys) or per token and run of ``group`` channels (values)."""
+    n, hkv, d = m.shape
+    x = m.reshape(n, hkv, d // group, group) if group else m      # [L, Hkv, G, g] | [L, Hkv, d]
+    axis = 3 if group else 0
+    lo, hi = x.min(axis=axis), x.max(axis=axis)                   # [L, Hkv, G] | [Hkv, d]
+    zero = lo.astype(np.float16)
+    scale = ((hi - zero.astype(np.float32)) / Q4_LEVELS).astype(np.float16)
+    z, sc = zero.astype(np.float32), scale.astype(np.float32)
+    if group:
+        z, sc = z[..., None], sc[..., None]
+    codes = np.rint((x - z) / np.where(sc > 0, sc, 1.0)).clip(0, Q4_LEVELS).astype(np.uint8).reshape(n, hkv, d)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)            # [L, Hkv, d/2]
+    return Factors(us=None, vt=None, raw=None, scale=np.stack([scale, zero]), per_token=bool(group),
+                   q4=np.ascontiguousarray(packed), group=group)
+
+
+def q4_group(d: int) -> int:
+    """Channels per (scale, zero) pair of 4-bit value rows of head size d: the largest divisor of d up to
+    ``Q4_GROUP``."""
+    return max(g for g in range(1, min(Q4_GROUP, d) + 1) if d % g == 0)
+
+
+def stored_rows(m: np.ndarray, host_format: str, values: bool) -> Factors:
+    """Rows m f32 [L, Hkv, d] as ``host_format`` keeps them (4-bit needs an even head size; int8 otherwise)."""
+    if host_format == "q4" and m.shape[2] % 2 == 0:
+        return quantize4(m, q4_group(m.shape[2]) if values else 0)
+    if host_format in ("q4", "q8"):
+        return quantize(m, per_token=values)
+    return Factors(us=None, vt=None, raw=m.astype(np.float16))
+
+
+def rows_nbytes(length: int, d: int, host_format: str, values: bool) -> int:
+    """Bytes per KV head of ``length`` rows of head size d as ``stored_rows`` keeps them."""
+    if host_format == "q4" and d % 2 == 0:
+        return length * d // 2 + 4 * (length * (d // q4_group(d)) if values else d)
+    if host_format in ("q4", "q8"):
+        return length * d + 4 * (length if values else d)
+    return 2 * length * d
+
+
 def factorize(mats: list[np.ndarray], config: SekvConfig, values: bool = False) -> list[Factors]:
     """Factors of each span's rows mats[i] f32 [L_i, n_head_kv, d] (keys, or ``values``), all from one batched
     LAPACK call; the rows themselves (fp16 or int8, ``config.host_format``) where factors would not be smaller.
@@ -122,14 +183,12 @@ def factorize(mats: list[np.ndarray], config: SekvConfig, values: bool = False) 
     u = u[..., ::-1]  # [B, Hkv, Lmax, Lmax] matching left singular vectors
     energy = config.energy_v if values and config.energy_v is not None else config.energy
     ranks = energy_rank(s, energy).max(axis=1)  # [B] one rank for all heads of a span
-    q8 = config.host_format == "q8"
     out: list[Factors] = []
     for i, m in enumerate(mats):
         length, r = m.shape[0], int(ranks[i])
-        # bytes per head: fp16 factors 2r(L + d); rows 2Ld (fp16) or Ld + 4d (int8 + K scales) / Ld + 4L (V)
-        rows_bytes = length * d + 4 * (length if values else d) if q8 else 2 * length * d
-        if r > config.r_max or 2 * r * (length + d) >= rows_bytes:
-            out.append(quantize(m, per_token=values) if q8 else Factors(us=None, vt=None, raw=m.astype(np.float16)))
+        # bytes per head: fp16 factors 2r(L + d) against the rows as stored (``rows_nbytes``)
+        if r > config.r_max or 2 * r * (length + d) >= rows_nbytes(length, d, config.host_format, values):
+            out.append(stored_rows(m, config.host_format, values))
             continue
         ui = u[i, :, :length, :r]  # [Hkv, L, r]
         si = np.maximum(s[i, :, :r], 1e-30)  # [Hkv, r]

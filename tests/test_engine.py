@@ -147,7 +147,9 @@ def test_compression_invariants_and_budget(llama_model):
         assert cfg.span_min <= span.length
         for f in span.k + span.v:
             assert f.rank <= max(cfg.r_max, span.length)
-    assert run.host_kv_bytes == sum(s.nbytes for s in policy.memory.store.spans)
+    store = policy.memory.store  # the host tier: the spans' rows and the routing data stacked from them
+    assert run.host_kv_bytes == sum(s.nbytes for s in store.spans) + store.routing_bytes
+    assert 0 < store.routing_bytes < sum(s.nbytes for s in store.spans)
     assert run.device_kv_bytes < run.full_kv_bytes
     policy.close()
 
@@ -233,9 +235,10 @@ def test_elastic_window_takes_the_free_cells_and_gives_them_back(llama_model, pr
     assert used > 0.7 * 768  # the budget is put to use (less a chunk and a span or two of room)
 
 
-def test_q8_host_tier_about_halves_host_bytes(llama_model):
-    """host_format="q8": the spans' stored rows become int8 (+ scales): the same spans in about half the host
-    bytes, every zoom rebuilt from them, the next-token distribution close to the f16 tier's."""
+def test_quantized_host_tiers_shrink_host_bytes(llama_model):
+    """host_format="q8" / "q4": the spans' stored rows become int8 (+ scales) / 4-bit (+ scale and zero): the same
+    spans in about half / a third of the host bytes, every zoom rebuilt from them, the next-token distribution close
+    to the f16 tier's."""
     toks = _tokens(llama_model, 9000, offset=700)[:1500]
 
     def run(fmt: str):
@@ -247,11 +250,14 @@ def test_q8_host_tier_about_halves_host_bytes(llama_model):
         finally:
             policy.close()
 
-    (l16, s16), (l8, s8) = run("f16"), run("q8")
-    assert s8.sekv.spans == s16.sekv.spans > 10 and s8.sekv.zooms_per_step > 0
-    assert s8.host_kv_bytes < 0.65 * s16.host_kv_bytes
-    p16, p8 = (np.exp(x - x.max()) / np.exp(x - x.max()).sum() for x in (l16.astype(np.float64), l8.astype(np.float64)))
+    (l16, s16), (l8, s8), (l4, s4) = run("f16"), run("q8"), run("q4")
+    assert s8.sekv.spans == s4.sekv.spans == s16.sekv.spans > 10 and s8.sekv.zooms_per_step > 0
+    assert s4.sekv.zooms_per_step > 0
+    assert s4.host_kv_bytes < 0.5 * s16.host_kv_bytes < s8.host_kv_bytes < 0.65 * s16.host_kv_bytes  # + routing data
+    p16, p8, p4 = (np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+                   for x in (l16.astype(np.float64), l8.astype(np.float64), l4.astype(np.float64)))
     assert float(np.sum(p16 * np.log(p16 / p8))) < 0.05
+    assert float(np.sum(p16 * np.log(p16 / p4))) < 0.05
 
 
 def test_last_prompt_chunk_holds_the_refreshed_tail():

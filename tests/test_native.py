@@ -83,10 +83,12 @@ def test_span_mass_equals_numpy_attention_logsumexp():
     assert any(f.raw is None for f in factors) and any(f.raw is not None for f in factors)
     q8 = factorize(mats[:4], SekvConfig(energy=0.9999, r_max=16, host_format="q8"))  # int8 rows with scales
     assert any(f.q8 is not None for f in q8)
-    factors += q8
+    q4 = factorize(mats[:4], SekvConfig(energy=0.9999, r_max=16, host_format="q4"))  # 4-bit rows, scale + zero
+    assert any(f.q4 is not None for f in q4)
+    factors += q8 + q4
     table = native.SpanTable(n_head_kv, d)
-    for m, f in zip(mats + mats[:4], factors):
-        table.append(m.shape[0], f.raw, f.us, f.vt, f.q8, f.scale)
+    for m, f in zip(mats + mats[:4] + mats[:4], factors):
+        table.append(m.shape[0], f.raw, f.us, f.vt, f.q8, f.scale, f.q4)
     q = (rng.standard_normal((n_head, d)) * 0.3).astype(np.float32)
     got = native.span_mass(q, table)
     want = []
@@ -98,7 +100,7 @@ def test_span_mass_equals_numpy_attention_logsumexp():
     sub = np.array([7, 2, 2])
     np.testing.assert_array_equal(native.span_mass(q, table, sub), got[sub])
     with pytest.raises(NativeError, match="subset"):
-        native.span_mass(q, table, np.array([13]))
+        native.span_mass(q, table, np.array([len(factors)]))
     raw = [f.raw for f in factors if f.raw is not None]
     one_pass = native.SpanTable.of_rows(raw, n_head_kv, d)
     each = native.SpanTable(n_head_kv, d)
@@ -107,6 +109,9 @@ def test_span_mass_equals_numpy_attention_logsumexp():
     np.testing.assert_array_equal(native.span_mass(q, one_pass), native.span_mass(q, each))
     with pytest.raises(NativeError, match="raw span rows must be"):
         native.SpanTable.of_rows([raw[0][:, :1]], n_head_kv, d)
+    with pytest.raises(NativeError, match="4-bit span rows"):
+        table.append(3, None, None, None, None, np.ones(2 * n_head_kv * d, np.float32),
+                     np.zeros((3, n_head_kv, d // 2), np.uint8))  # parameters must be f16
     with pytest.raises(NativeError, match="int8 span rows"):
         table.append(3, None, None, None, np.zeros((3, n_head_kv, d), np.int8), np.ones(d, np.float32))
     with pytest.raises(NativeError, match="query must be"):
@@ -165,3 +170,34 @@ def test_int8_rows_widen_as_numpy_and_keep_their_error_bound(per_token):
         native.q8_to_f16(f.q8, f.scale[:1], per_token)
     with pytest.raises(NativeError, match="int8"):
         native.q8_to_f16(f.q8.astype(np.int16), f.scale, per_token)
+
+
+@pytest.mark.parametrize("values", [False, True])
+def test_4bit_rows_widen_as_numpy_and_keep_their_error_bound(values):
+    """q4_to_f16 is zero + code * scale rounded to f16 (codes unpacked low nibble first); quantize4's error is at
+    most half a scale step per element (plus f16 rounding of the parameters), in about 0.3 of the f16 bytes."""
+    from sekv_gguf.spans import Q4_LEVELS, q4_group, quantize4, stored_rows
+
+    rng = np.random.default_rng(6)
+    m = (rng.standard_normal((40, 2, 64)) * rng.uniform(0.1, 8, 64) + rng.uniform(-3, 3, 64)).astype(np.float32)
+    group = q4_group(64) if values else 0
+    f = quantize4(m, group)
+    assert f.q4.dtype == np.uint8 and f.q4.shape == (40, 2, 32) and f.group == group
+    assert f.scale.dtype == np.float16 and f.scale.shape == ((2, 40, 2, 2) if values else (2, 2, 64))
+    codes = np.empty((40, 2, 64), dtype=np.float32)
+    codes[..., 0::2], codes[..., 1::2] = f.q4 & 0x0F, f.q4 >> 4
+    assert codes.max() <= Q4_LEVELS
+    scale, zero = (np.repeat(x.astype(np.float32), group, axis=-1) if values else x.astype(np.float32)[None]
+                   for x in f.scale)
+    np.testing.assert_array_equal(native.q4_to_f16(f.q4, f.scale, group), (zero + codes * scale).astype(np.float16))
+    span = m.reshape(40, 2, -1, group).max(-1) - m.reshape(40, 2, -1, group).min(-1) if values else np.ptp(m, 0)
+    step = np.repeat(span, group, axis=-1) / Q4_LEVELS if values else span[None] / Q4_LEVELS
+    assert (np.abs(f.rebuild() - m) <= step / 2 + 2e-3 * (np.abs(m) + step)).all()
+    assert f.nbytes < 0.35 * m.astype(np.float16).nbytes
+    assert stored_rows(m[:, :, :63], "q4", values).q8 is not None  # an odd head size keeps int8 rows
+    with pytest.raises(NativeError, match="parameters"):
+        native.q4_to_f16(f.q4, f.scale[:, :1], group)
+    with pytest.raises(NativeError, match="does not divide"):
+        native.q4_to_f16(f.q4, f.scale, 24)
+    with pytest.raises(NativeError, match="uint8"):
+        native.q4_to_f16(f.q4.astype(np.int8), f.scale, group)

@@ -110,7 +110,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"kv budget (auto): {chosen.reason}", file=sys.stderr)
     budget = BudgetConfig(kv_budget=kv_budget)
-    params = (SekvConfig(prefill=args.prefill, chunk_routing=args.chunk_routing, signal=args.signal)
+    params = (SekvConfig(prefill=args.prefill, chunk_routing=args.chunk_routing, signal=args.signal,
+                         host_format=args.host_format)
               if args.policy == "sekv" else None)
     router = TrainedRouter.from_file(args.adapter, path) if args.adapter else None
     if router is not None and args.policy != "sekv":

@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     option(run, SekvConfig, "prefill")
     option(run, SekvConfig, "chunk_routing")
     option(run, SekvConfig, "signal")
+    option(run, SekvConfig, "host_format")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")
     run.add_argument("--adapter", help="trained router adapter (GGUF, from `train`) for the sekv policy")
     run.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")

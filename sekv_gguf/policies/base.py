@@ -159,6 +159,12 @@ class Policy(ABC):
         info = self.session.hook.info
         return int(info.kv_bytes + info.swa_kv_bytes)
 
+    @property
+    def full_kv_ubatch(self) -> int:
+        """The ubatch a full-KV context of the same settings would have (it sizes an iSWA model's SWA cache: the
+        reference ``RunResult.full_kv_bytes`` is computed with it)."""
+        return self.session.config.n_ubatch
+
     def stats(self) -> PolicyStats:
         return PolicyStats(device_kv_bytes=self.device_kv_bytes)
 

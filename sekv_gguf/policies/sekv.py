@@ -203,6 +203,11 @@ class SekvPolicy(Policy):
         return True
 
     @property
+    def full_kv_ubatch(self) -> int:
+        """The user's ubatch, not the budget context's (sized for chunks and the tail refresh)."""
+        return self.ctx_config.n_ubatch
+
+    @property
     def host_bytes(self) -> int:
         return self.memory.store.host_bytes
 

@@ -71,7 +71,7 @@ def _run(model: Any, cfg: SoakConfig, progress: Callable[[int], None] | None) ->
     try:
         out = decode_loop(policy.step, policy.prefill(tokens), cfg.steps, greedy, after_step=sample).tokens
         stats = policy.stats()
-        full = full_kv_bytes(policy.session, n_ctx, policy.session.config.n_ubatch)
+        full = full_kv_bytes(policy.session, n_ctx, policy.full_kv_ubatch)
     finally:
         policy.close()
     return {"tokens": out, "samples": samples, "seconds": time.perf_counter() - t0, "stats": stats,

@@ -102,7 +102,7 @@ int main(void) {
     const void * qa[1] = { q8 };
     const void * qb[1] = { q8s };
     const void * qnull[1] = { NULL };
-    int32_t ln8[1] = { 2 }, rk8[1] = { SEKV_RANK_Q8 }, rk8_bad[1] = { -2 };
+    int32_t ln8[1] = { 2 }, rk8[1] = { SEKV_RANK_Q8 }, rk8_bad[1] = { SEKV_RANK_Q4 - 1 };
     EXPECT(sekv_span_mass(qm, 2, 1, 4, 1, ln8, rk8, qa, qb, ms) == SEKV_N_OK);
     EXPECT(fabsf(ms[0] - logf(expf(0.5f) + expf(1.0f))) < 1e-5f);     /* head 0: q = e0 */
     EXPECT(fabsf(ms[1] - logf(expf(1.0f) + expf(2.0f))) < 1e-5f);     /* head 1: q = 2 e3 */
@@ -117,6 +117,34 @@ int main(void) {
     EXPECT(sekv_q8_to_f16(q8, tok, -1, 1, 4, 1, h8) == SEKV_N_ERR_SIZE);
     EXPECT(sekv_q8_to_f16(NULL, tok, 2, 1, 4, 1, h8) == SEKV_N_ERR_NULL);
     free(q8); free(q8s);
+    /* 4-bit span [2, 1, 4]: token 0 codes 0,1,2,3 and token 1 codes 15 everywhere (low nibble first), per channel
+     * scale 0.5 and zero -1 -> token 0: -1, -0.5, 0, 0.5; token 1: 6.5 everywhere */
+    uint8_t * q4 = xmalloc(4);
+    q4[0] = 0x10; q4[1] = 0x32; q4[2] = 0xff; q4[3] = 0xff;
+    uint16_t * q4p = xmalloc(8 * sizeof(uint16_t));
+    for (int i = 0; i < 4; ++i) { q4p[i] = 0x3800u; q4p[4 + i] = 0xbc00u; }   /* scale 0.5, zero -1 */
+    const void * q4a[1] = { q4 };
+    const void * q4b[1] = { q4p };
+    int32_t rk4[1] = { SEKV_RANK_Q4 };
+    EXPECT(sekv_span_mass(qm, 2, 1, 4, 1, ln8, rk4, q4a, q4b, ms) == SEKV_N_OK);
+    EXPECT(fabsf(ms[0] - logf(expf(-1.0f) + expf(6.5f))) < 1e-5f);    /* head 0: q = e0 */
+    EXPECT(fabsf(ms[1] - logf(expf(1.0f) + expf(13.0f))) < 1e-4f);    /* head 1: q = 2 e3 */
+    EXPECT(sekv_span_mass(qm, 2, 1, 3, 1, ln8, rk4, q4a, q4b, ms) == SEKV_N_ERR_SIZE);   /* odd head size */
+    EXPECT(sekv_span_mass(qm, 2, 1, 4, 1, ln8, rk4, q4a, qnull, ms) == SEKV_N_ERR_NULL);
+    uint16_t h4[8];
+    EXPECT(sekv_q4_to_f16(q4, q4p, 2, 1, 4, 0, h4) == SEKV_N_OK);
+    EXPECT(h4[0] == 0xbc00u && h4[1] == 0xb800u && h4[2] == 0x0000u && h4[3] == 0x3800u && h4[7] == 0x4680u);
+    /* per token and group of 2 channels: params [2, 2 tokens, 1, 2 groups] */
+    uint16_t * q4g = xmalloc(8 * sizeof(uint16_t));
+    for (int i = 0; i < 4; ++i) { q4g[i] = 0x3c00u; q4g[4 + i] = 0x0000u; }   /* scale 1, zero 0 */
+    q4g[1] = 0x4000u;                                                          /* token 0, group 1: scale 2 */
+    EXPECT(sekv_q4_to_f16(q4, q4g, 2, 1, 4, 2, h4) == SEKV_N_OK);
+    EXPECT(h4[0] == 0x0000u && h4[1] == 0x3c00u && h4[2] == 0x4400u && h4[3] == 0x4600u && h4[4] == 0x4b80u);
+    EXPECT(sekv_q4_to_f16(q4, q4g, 2, 1, 4, 3, h4) == SEKV_N_ERR_SIZE);      /* group does not divide d */
+    EXPECT(sekv_q4_to_f16(q4, q4g, 2, 1, 3, 0, h4) == SEKV_N_ERR_SIZE);      /* odd head size */
+    EXPECT(sekv_q4_to_f16(q4, NULL, 2, 1, 4, 0, h4) == SEKV_N_ERR_NULL);
+    EXPECT(sekv_q4_to_f16(q4, q4g, -1, 1, 4, 0, h4) == SEKV_N_ERR_SIZE);
+    free(q4); free(q4p); free(q4g);
     /* attention mass: the 3 raw rows (all 1.0) get 1/3 each from each of the 2 heads */
     float * scr = xmalloc(3 * sizeof(float));
     float am[3] = { 0, 0, 0 };
