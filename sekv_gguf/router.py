@@ -80,7 +80,7 @@ class CentroidRouter(Router):
     name = "centroid"
 
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
-        keys = store.keys[ikv]                                            # [S, Hkv, d]
+        keys = store.keys[ikv].astype(np.float32)                         # [S, Hkv, d]
         logits = np.einsum("shd,hgd->shg", keys, _grouped(query, keys.shape[1]))  # [S, Hkv, group]
         return logits.reshape(keys.shape[0], -1).max(axis=1)
 
@@ -185,7 +185,7 @@ class IndexRouter(TwoStageRouter):
 
     def propose(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         """Stage-1 scores [n_spans] from the block index."""
-        blocks = store.blocks[ikv]                                        # [Hkv, S, B, d]
+        blocks = store.blocks[ikv].astype(np.float32)                     # [Hkv, S, B, d]
         n_head_kv, n_spans, n_blocks, d = blocks.shape
         q = _grouped(query, n_head_kv)                                    # [Hkv, G, d]
         # per KV head: [S*B, d] @ [d, G] -> [Hkv, S*B, G] -> [Hkv, S, B, G], + log n_b (-inf: padding)
@@ -203,7 +203,7 @@ class BoundRouter(Router):
     name = "bound"
 
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
-        lo, hi = store.bounds(ikv)                                        # [S, Hkv, d] each
+        lo, hi = (b.astype(np.float32) for b in store.bounds(ikv))        # [S, Hkv, d] each
         q = _grouped(query, lo.shape[1])                                  # [Hkv, group, d]
         # [S, Hkv, 1, d] * [Hkv, group, d] -> max of the two products, summed over d: [S, Hkv, group]
         ub = np.maximum(lo[:, :, None, :] * q, hi[:, :, None, :] * q).sum(axis=-1)

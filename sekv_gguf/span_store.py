@@ -34,6 +34,13 @@ def single_threaded_blas(fn: Callable) -> Callable:
     return wrapper
 
 
+def _f16_outwards(x: np.ndarray, down: bool) -> np.ndarray:
+    """f16 of f32 ``x`` rounded towards -inf (``down``) or +inf, so that a rounded bound still bounds."""
+    h = x.astype(np.float16)
+    off = (h.astype(np.float32) > x) if down else (h.astype(np.float32) < x)
+    return np.where(off, np.nextafter(h, np.float16(-np.inf if down else np.inf)), h)
+
+
 # (spread rank, centroids, k-means steps) of the key sketches a router reads (``spans.sketches``)
 SketchShape = tuple[int, int, int]
 
@@ -41,14 +48,17 @@ SketchShape = tuple[int, int, int]
 class SpanStore:
     """Compressed spans and, per hooked layer ``ikv``, their routing data stacked in span order:
 
-    keys[ikv]      f32 [S, Hkv, d]   summary keys (weighted mean of the span's keys)
-    kmin/kmax[ikv] f32 [S, Hkv, d]   channel-wise min / max of the span's keys
+    keys[ikv]      f16 [S, Hkv, d]   summary keys (weighted mean of the span's keys)
+    kmin/kmax[ikv] f16 [S, Hkv, d]   channel-wise min / max of the span's keys (rounded outwards: still bounds)
     tables[ikv]    native.SpanTable  pointers to the host K rows (factors or raw) of every span
-    blocks[ikv]    f32 [Hkv, S, B, d] the routing index: mean key of each block of ~``block_tokens`` tokens
+    blocks[ikv]    f16 [Hkv, S, B, d] the routing index: mean key of each block of ~``block_tokens`` tokens
                                      (per KV head contiguous: one matmul per head scores every block)
     block_logn     f32 [S, B]        log tokens per block (-inf: padding past a span's blocks)
     sketch[ikv]    {field: f64 [S, Hkv, ...]}  key sketches (``SKETCH_FIELDS``), when ``sketch_shape`` is set
     lengths        f32 [S]           tokens per span
+
+    The stacked routing data is f16 (the precision of the device's K rows; routers widen it to f32 per call): it
+    grows with the context like the spans' rows, and in f32 it was a third of a 4-bit host tier.
     """
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, config: SekvConfig,
@@ -58,13 +68,13 @@ class SpanStore:
         self.sketch_shape = sketch_shape
         self.spans: list[Span] = []
         self.lengths = np.zeros(0, dtype=np.float32)
-        empty = lambda: np.zeros((0, n_head_kv, head_dim), dtype=np.float32)  # noqa: E731
+        empty = lambda: np.zeros((0, n_head_kv, head_dim), dtype=np.float16)  # noqa: E731
         self.keys = [empty() for _ in range(n_layer)]
         self.kmin = [empty() for _ in range(n_layer)]
         self.kmax = [empty() for _ in range(n_layer)]
         self.tables = [native.SpanTable(n_head_kv, head_dim) for _ in range(n_layer)]
         self.n_blocks = -(-config.span_max // config.block_tokens)  # B: blocks per span (longer spans: longer blocks)
-        self.blocks = [np.zeros((n_head_kv, 0, self.n_blocks, head_dim), dtype=np.float32) for _ in range(n_layer)]
+        self.blocks = [np.zeros((n_head_kv, 0, self.n_blocks, head_dim), dtype=np.float16) for _ in range(n_layer)]
         self.block_logn = np.zeros((0, self.n_blocks), dtype=np.float32)
         self.sketch: list[dict[str, np.ndarray]] = [{} for _ in range(n_layer)]
 
@@ -100,14 +110,16 @@ class SpanStore:
                 self.tables[ikv].append(span.length, kf.raw, kf.us, kf.vt, kf.q8, kf.scale, kf.q4)
             k_mean = np.stack([weighted_mean(p, w) for p, w in zip(k_parts, weights)])  # [n_new, Hkv, d]
             v_mean = np.stack([weighted_mean(p, w) for p, w in zip(v_parts, weights)])
-            self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean])
-            self.kmin[ikv] = np.concatenate([self.kmin[ikv], np.stack([p.min(axis=0) for p in k_parts])])
-            self.kmax[ikv] = np.concatenate([self.kmax[ikv], np.stack([p.max(axis=0) for p in k_parts])])
+            self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean.astype(np.float16)])
+            lo = _f16_outwards(np.stack([p.min(axis=0) for p in k_parts]), down=True)   # [n_new, Hkv, d]
+            hi = _f16_outwards(np.stack([p.max(axis=0) for p in k_parts]), down=False)
+            self.kmin[ikv] = np.concatenate([self.kmin[ikv], lo])
+            self.kmax[ikv] = np.concatenate([self.kmax[ikv], hi])
             blocks = np.zeros((self.n_head_kv, n_new, self.n_blocks, self.head_dim), dtype=np.float32)
             for i, (p, split) in enumerate(zip(k_parts, splits)):
                 for b, idx in enumerate(split):
                     blocks[:, i, b] = p[idx].mean(axis=0)                # [Hkv, d]
-            self.blocks[ikv] = np.concatenate([self.blocks[ikv], blocks], axis=1)
+            self.blocks[ikv] = np.concatenate([self.blocks[ikv], blocks.astype(np.float16)], axis=1)
             if self.sketch_shape is not None:
                 add = {f: x.astype(np.float64) for f, x in sketches(k_parts, *self.sketch_shape).items()}
                 have = self.sketch[ikv]

@@ -129,7 +129,7 @@ def test_trained_proposals_are_ordered_by_exact_mass(tiny_llama):
     first = np.argsort(-trained, kind="stable")
     table = native.SpanTable(2, 16)  # the host rows, tabled again outside the store
     for s in store.spans:
-        table.append(s.length, s.k[0].raw, s.k[0].us, s.k[0].vt, s.k[0].q8, s.k[0].scale)
+        table.append(s.length, s.k[0].raw, s.k[0].us, s.k[0].vt, s.k[0].q8, s.k[0].scale, s.k[0].q4)
     mass = native.span_mass(query, table).max(axis=1)
     assert set(got[:4]) == set(first[:4]) and list(got[4:]) == list(first[4:])
     assert list(got[:4]) == sorted(first[:4], key=lambda s: -mass[s]) != list(first[:4])  # the order changed
