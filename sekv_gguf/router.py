@@ -24,7 +24,7 @@ import numpy as np
 from . import native
 from .config import SekvConfig
 from .features import Params, SpanFeatures, alphas, features
-from .span_store import SketchShape, SpanStore
+from .span_store import ROUTING_FIELDS, SketchShape, SpanStore
 from .spans import SKETCH_FIELDS
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ class Router(ABC):
     name: str = "router"  # the score's name (key in ``ROUTERS``)
     label: str = "training-free"  # what a run reports as its router
     sketch: SketchShape | None = None  # the key sketches the router reads (None: it reads none)
+    reads: frozenset[str] = ROUTING_FIELDS  # the store's stacked routing arrays it reads (the store keeps only those)
     reads_all_host_rows = False  # the score reads every host K row of the store
     two_stage = False  # proposes and verifies a bounded candidate set (``verify``)
 
@@ -78,6 +79,7 @@ class CentroidRouter(Router):
     length term (SentenceKV's sentence-vector retrieval)."""
 
     name = "centroid"
+    reads = frozenset({"keys"})
 
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         keys = store.keys[ikv].astype(np.float32)                         # [S, Hkv, d]
@@ -100,6 +102,7 @@ class LowRankMassRouter(Router):
     pointer table of the spans' f16 host rows (``native.SpanTable``)."""
 
     name = "mass"
+    reads = frozenset()
     reads_all_host_rows = True
 
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
@@ -182,6 +185,7 @@ class IndexRouter(TwoStageRouter):
     others by exact mass."""
 
     name = "index"
+    reads = frozenset({"blocks"})
 
     def propose(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         """Stage-1 scores [n_spans] from the block index."""
@@ -201,6 +205,7 @@ class BoundRouter(Router):
     channel-wise min/max of its keys, max over the query heads of a KV group. O(n_spans * d) per layer."""
 
     name = "bound"
+    reads = frozenset({"bounds"})
 
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         lo, hi = (b.astype(np.float32) for b in store.bounds(ikv))        # [S, Hkv, d] each
@@ -230,6 +235,7 @@ class TrainedRouter(TwoStageRouter):
     the host factors (``verify``), ahead of all others."""
 
     name = "trained"
+    reads = frozenset({"keys", "bounds"})
 
     def __init__(self, adapter: "RouterAdapter", path: str = "",
                  candidates: int = SekvConfig.verify_candidates):

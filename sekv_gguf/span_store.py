@@ -43,6 +43,8 @@ def _f16_outwards(x: np.ndarray, down: bool) -> np.ndarray:
 
 # (spread rank, centroids, k-means steps) of the key sketches a router reads (``spans.sketches``)
 SketchShape = tuple[int, int, int]
+# the stacked routing arrays a store can keep per layer; a router names those it reads (``Router.reads``)
+ROUTING_FIELDS = frozenset({"keys", "bounds", "blocks"})
 
 
 class SpanStore:
@@ -62,10 +64,13 @@ class SpanStore:
     """
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, config: SekvConfig,
-                 sketch_shape: SketchShape | None = None):
+                 sketch_shape: SketchShape | None = None, fields: frozenset[str] = ROUTING_FIELDS):
+        if not fields <= ROUTING_FIELDS:
+            raise ValueError(f"unknown routing fields {sorted(fields - ROUTING_FIELDS)}: known {sorted(ROUTING_FIELDS)}")
         self.config = config
         self.n_head_kv, self.head_dim = n_head_kv, head_dim
         self.sketch_shape = sketch_shape
+        self.fields = fields  # which of keys / bounds / blocks are kept (the others stay empty: no router reads them)
         self.spans: list[Span] = []
         self.lengths = np.zeros(0, dtype=np.float32)
         empty = lambda: np.zeros((0, n_head_kv, head_dim), dtype=np.float16)  # noqa: E731
@@ -110,16 +115,19 @@ class SpanStore:
                 self.tables[ikv].append(span.length, kf.raw, kf.us, kf.vt, kf.q8, kf.scale, kf.q4)
             k_mean = np.stack([weighted_mean(p, w) for p, w in zip(k_parts, weights)])  # [n_new, Hkv, d]
             v_mean = np.stack([weighted_mean(p, w) for p, w in zip(v_parts, weights)])
-            self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean.astype(np.float16)])
-            lo = _f16_outwards(np.stack([p.min(axis=0) for p in k_parts]), down=True)   # [n_new, Hkv, d]
-            hi = _f16_outwards(np.stack([p.max(axis=0) for p in k_parts]), down=False)
-            self.kmin[ikv] = np.concatenate([self.kmin[ikv], lo])
-            self.kmax[ikv] = np.concatenate([self.kmax[ikv], hi])
-            blocks = np.zeros((self.n_head_kv, n_new, self.n_blocks, self.head_dim), dtype=np.float32)
-            for i, (p, split) in enumerate(zip(k_parts, splits)):
-                for b, idx in enumerate(split):
-                    blocks[:, i, b] = p[idx].mean(axis=0)                # [Hkv, d]
-            self.blocks[ikv] = np.concatenate([self.blocks[ikv], blocks.astype(np.float16)], axis=1)
+            if "keys" in self.fields:
+                self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean.astype(np.float16)])
+            if "bounds" in self.fields:
+                lo = _f16_outwards(np.stack([p.min(axis=0) for p in k_parts]), down=True)   # [n_new, Hkv, d]
+                hi = _f16_outwards(np.stack([p.max(axis=0) for p in k_parts]), down=False)
+                self.kmin[ikv] = np.concatenate([self.kmin[ikv], lo])
+                self.kmax[ikv] = np.concatenate([self.kmax[ikv], hi])
+            if "blocks" in self.fields:
+                blocks = np.zeros((self.n_head_kv, n_new, self.n_blocks, self.head_dim), dtype=np.float32)
+                for i, (p, split) in enumerate(zip(k_parts, splits)):
+                    for b, idx in enumerate(split):
+                        blocks[:, i, b] = p[idx].mean(axis=0)            # [Hkv, d]
+                self.blocks[ikv] = np.concatenate([self.blocks[ikv], blocks.astype(np.float16)], axis=1)
             if self.sketch_shape is not None:
                 add = {f: x.astype(np.float64) for f, x in sketches(k_parts, *self.sketch_shape).items()}
                 have = self.sketch[ikv]

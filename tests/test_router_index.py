@@ -52,6 +52,39 @@ def test_blocks_cover_each_span_once():
     assert store.index_bytes == (store.blocks[0].size + store.block_logn.size) * 2
 
 
+def test_a_store_keeps_only_the_routing_data_its_router_reads(llama_model):
+    """The default policy's store keeps the block index alone (no summary keys or key bounds: the index router
+    reads neither), in fewer host bytes, and the index router ranks it as it ranks a store that keeps everything;
+    the kept arrays are f16 and the bounds still bound every key."""
+    from sekv_gguf.router import BoundRouter, TrainedRouter
+
+    rng = np.random.default_rng(7)
+    cfg = SekvConfig(span_min=8, span_max=16)
+    mats = [rng.standard_normal((12, 2, 16)).astype(np.float32) * 3 for _ in range(20)]
+    rows = np.concatenate(mats)
+    stores = {}
+    for name, fields in (("all", frozenset({"keys", "bounds", "blocks"})), ("index", IndexRouter.reads)):
+        stores[name] = SpanStore(1, 2, 16, cfg, fields=fields)
+        stores[name].add([np.arange(12) for _ in mats], [np.ones(12) for _ in mats], lambda ikv: (rows, rows))
+    full, lean = stores["all"], stores["index"]
+    assert lean.keys[0].shape[0] == lean.kmin[0].shape[0] == 0 and full.keys[0].shape == (20, 2, 16)
+    assert lean.routing_bytes < full.routing_bytes and lean.host_bytes < full.host_bytes
+    assert {a.dtype for a in (full.keys[0], full.kmin[0], full.kmax[0], full.blocks[0])} == {np.dtype(np.float16)}
+    lo, hi = full.bounds(0)
+    assert (lo.astype(np.float32) <= np.stack([m.min(axis=0) for m in mats])).all()
+    assert (hi.astype(np.float32) >= np.stack([m.max(axis=0) for m in mats])).all()
+    query = rng.standard_normal((4, 16)).astype(np.float32)
+    np.testing.assert_array_equal(IndexRouter().propose(0, query, lean), IndexRouter().propose(0, query, full))
+    assert BoundRouter.reads == {"bounds"} and TrainedRouter.reads == {"keys", "bounds"}
+    with pytest.raises(ValueError, match="unknown routing fields"):
+        SpanStore(1, 2, 16, cfg, fields=frozenset({"sketch"}))
+    policy = make_policy("sekv", llama_model, 2000, budget=BudgetConfig(kv_budget=512, chunk=64))
+    try:
+        assert policy.memory.store.fields == IndexRouter.reads  # the default router's
+    finally:
+        policy.close()
+
+
 def test_verify_reads_resident_from_device_and_bounded_host_rows():
     cfg, store, query = _case(2, 60)
     proposed = IndexRouter().propose(0, query, store)

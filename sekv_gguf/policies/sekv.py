@@ -89,7 +89,8 @@ class SekvPolicy(Policy):
         if not plan.fits:
             hook.enable_bias()
         self.routing = SpanRouting(router, config)
-        store = SpanStore(hook.info.n_layer_kv, layer.n_head_kv, layer.head_dim_k, config, router.sketch)
+        store = SpanStore(hook.info.n_layer_kv, layer.n_head_kv, layer.head_dim_k, config, router.sketch,
+                          router.reads)
         self.memory = SekvMemory(self.session, plan, config, segmenter, store,
                                  n_context, summary_rows, on_irreversible=self.irreversible)
         self._init_done()
@@ -204,8 +205,9 @@ class SekvPolicy(Policy):
 
     @property
     def full_kv_ubatch(self) -> int:
-        """The user's ubatch, not the budget context's (sized for chunks and the tail refresh)."""
-        return self.ctx_config.n_ubatch
+        """The full-KV policy's ubatch (the budget's chunk), not the budget context's (sized for the tail
+        refresh too)."""
+        return self.plan.config.chunk
 
     @property
     def host_bytes(self) -> int:
