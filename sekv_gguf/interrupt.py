@@ -20,8 +20,12 @@ def _on_sigint(signum: int, frame: Any) -> None:
 
 
 def _quiet_unraisable(hook: Any) -> Any:
+    """After a Ctrl-C: drop the swallowed KeyboardInterrupt, and the AttributeError of a llama-cpp-python object
+    whose constructor the interrupt cut short (its ``__del__`` then finds no ``_exit_stack``); report the rest."""
     def unraisable(info: Any) -> None:
-        if not (_pending and info.exc_type is KeyboardInterrupt):
+        half_built = (info.exc_type is AttributeError
+                      and getattr(info.object, "__module__", "").startswith("llama_cpp"))
+        if not (_pending and (info.exc_type is KeyboardInterrupt or half_built)):
             hook(info)
 
     return unraisable

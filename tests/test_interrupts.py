@@ -91,3 +91,27 @@ def test_ctrl_c_in_chat():
     finally:
         proc.kill()
     _assert_clean(rc, err)
+
+
+def test_after_a_ctrl_c_only_the_interrupt_and_half_built_llama_objects_are_kept_quiet(monkeypatch):
+    """The unraisable hook ``interrupt.install`` sets: after a SIGINT it drops the swallowed KeyboardInterrupt and
+    the AttributeError of a llama-cpp-python object's ``__del__`` (its constructor cut short); everything else,
+    and everything before a SIGINT, still reaches the previous hook."""
+    from types import SimpleNamespace
+
+    from llama_cpp._internals import LlamaContext
+    from sekv_gguf import interrupt
+
+    seen = []
+    hook = interrupt._quiet_unraisable(seen.append)
+    half_built = SimpleNamespace(exc_type=AttributeError, object=LlamaContext.__del__)
+    ours = SimpleNamespace(exc_type=AttributeError, object=test_ctrl_c_in_chat)
+    ki = SimpleNamespace(exc_type=KeyboardInterrupt, object=None)
+    monkeypatch.setattr(interrupt, "_pending", False)
+    for info in (half_built, ki):
+        hook(info)
+    assert seen == [half_built, ki]
+    monkeypatch.setattr(interrupt, "_pending", True)
+    for info in (half_built, ours, ki):
+        hook(info)
+    assert seen == [half_built, ki, ours]
