@@ -19,7 +19,7 @@ from pathlib import Path
 from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import generate, make_policy
-from sekv_gguf.models import default_model_path
+from sekv_gguf.models import default_model_path, qwen_coder_path
 from sekv_gguf.provenance import envelope
 from sekv_gguf.ruler_tasks import needle_prompt
 from sekv_gguf.session import load_model
@@ -105,6 +105,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads per context (0: half the logical cores)")
     ap.add_argument("--shaped", action="append", default=[], metavar="NAME=LEN[,LEN...]",
                     help=f"random-weight models shaped like real ones ({', '.join(SHAPED)}) at these lengths")
+    ap.add_argument("--qwen", type=int, nargs="*", default=[],
+                    help="lengths on Qwen2.5-Coder-1.5B-Instruct (fetched once: python -m sekv_gguf.models qwen-coder)")
     ap.add_argument("--sekv", action="append", metavar="KEY=VALUE",
                     help="a SekvConfig override for a third run beside full and sekv (repeatable)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "engine"))
@@ -120,6 +122,13 @@ def main() -> int:
             for d in args.depths:
                 cases += run_case(model, "gemma3-270m", n, d, args.n_predict, args.budget, args.min_budget, args.seed,
                                   ctx_config, overrides)
+    if args.qwen:
+        model = load_model(qwen_coder_path(), ctx_config)
+        for n in args.qwen:
+            for d in args.depths:
+                cases += run_case(model, "qwen2.5-coder-1.5b", n, d, args.n_predict, args.budget, args.min_budget,
+                                  args.seed, ctx_config, overrides)
+        del model
     if args.tiny:
         with tempfile.TemporaryDirectory() as tmp:
             spec = TinySpec(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head_dim=32, n_ff=256)
