@@ -218,7 +218,7 @@ class SpanStore:
     @property
     def routing_bytes(self) -> int:
         """Bytes of the routing data stacked from the spans: summary keys, key bounds, block index, sketches,
-        lengths (as held, f32 / f64)."""
+        lengths (as held)."""
         routing = [self.lengths, self.block_logn, *self.keys, *self.kmin, *self.kmax, *self.blocks]
         routing += [x for sk in self.sketch for x in sk.values()]
         return int(sum(a.nbytes for a in routing))
