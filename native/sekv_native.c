@@ -306,14 +306,19 @@ int32_t sekv_q4_to_f16(const uint8_t * codes, const uint16_t * params, int64_t n
     /* (scale, zero) of element (t, h, c): per channel [2, Hkv, d] or per token and group [2, n, Hkv, d/group] */
     const int64_t n_params = group ? n*n_head_kv*(d/group) : n_head_kv*d;
     const uint16_t * scale = params, * zero = params + n_params;
+    /* one (scale, zero) pair per run of ``run`` channels: a group, or a single channel (per-channel keys) */
+    const int64_t run = group ? group : 1;
     for (int64_t t = 0; t < n; ++t) {
         for (int64_t h = 0; h < n_head_kv; ++h) {
             const uint8_t * c = codes + (t*n_head_kv + h)*(d/2);
             uint16_t * o = out + (t*n_head_kv + h)*d;
-            for (int64_t i = 0; i < d; ++i) {
-                const int64_t p = group ? (t*n_head_kv + h)*(d/group) + i/group : h*d + i;
-                const float code = (float) ((i & 1) ? (c[i/2] >> 4) : (c[i/2] & 0x0f));
-                o[i] = sekv_float_to_half(sekv_h2f_table[zero[p]] + code * sekv_h2f_table[scale[p]]);
+            const int64_t p0 = group ? (t*n_head_kv + h)*(d/group) : h*d;
+            for (int64_t g = 0; g < d/run; ++g) {
+                const float sc = sekv_h2f_table[scale[p0 + g]], zr = sekv_h2f_table[zero[p0 + g]];
+                for (int64_t i = g*run; i < (g + 1)*run; ++i) {
+                    const float code = (float) ((i & 1) ? (c[i/2] >> 4) : (c[i/2] & 0x0f));
+                    o[i] = sekv_float_to_half(zr + code * sc);
+                }
             }
         }
     }
