@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from gguf import GGMLQuantizationType
@@ -23,6 +24,12 @@ TRAINING_FREE_SCORES = ("index", "mass", "summary", "centroid", "bound")
 HOST_FORMATS = ("f16", "q8", "q4")
 
 MIB = 1 << 20  # bytes in a MiB
+
+
+def cache_root() -> Path:
+    """Where fetched models, build and capture caches live: ``$SEKV_CACHE`` or ``~/.cache/sekv_gguf``."""
+    return Path(os.environ.get("SEKV_CACHE", Path.home() / ".cache" / "sekv_gguf"))
+
 CELL_GRANULARITY = 256  # llama.cpp allocates KV cells in multiples of this
 
 

