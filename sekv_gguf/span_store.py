@@ -41,6 +41,11 @@ def _f16_outwards(x: np.ndarray, down: bool) -> np.ndarray:
     return np.where(off, np.nextafter(h, np.float16(-np.inf if down else np.inf)), h)
 
 
+def _table_append(table: native.SpanTable, length: int, k: Factors) -> None:
+    """A span's host K rows (factors, f16, int8 or 4-bit rows) onto a layer's pointer table."""
+    table.append(length, k.raw, k.us, k.vt, k.q8, k.scale, k.q4)
+
+
 # (spread rank, centroids, k-means steps) of the key sketches a router reads (``spans.sketches``)
 SketchShape = tuple[int, int, int]
 # the stacked routing arrays a store can keep per layer; a router names those it reads (``Router.reads``)
@@ -112,7 +117,7 @@ class SpanStore:
                                     factorize(v_parts, self.config, values=True)):
                 span.k.append(kf)
                 span.v.append(vf)
-                self.tables[ikv].append(span.length, kf.raw, kf.us, kf.vt, kf.q8, kf.scale, kf.q4)
+                _table_append(self.tables[ikv], span.length, kf)
             k_mean = np.stack([weighted_mean(p, w) for p, w in zip(k_parts, weights)])  # [n_new, Hkv, d]
             v_mean = np.stack([weighted_mean(p, w) for p, w in zip(v_parts, weights)])
             if "keys" in self.fields:
@@ -200,8 +205,7 @@ class SpanStore:
         self.tables = [native.SpanTable(self.n_head_kv, self.head_dim) for _ in range(self.n_layer)]
         for ikv, table in enumerate(self.tables):
             for sp in self.spans:
-                kf = sp.k[ikv]
-                table.append(sp.length, kf.raw, kf.us, kf.vt, kf.q8, kf.scale, kf.q4)
+                _table_append(table, sp.length, sp.k[ikv])
 
     def place_summaries(self, first: int, cells: np.ndarray) -> None:
         """Record the device cells that hold the summary rows of spans ``first, first+1, ...``."""
