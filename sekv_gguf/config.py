@@ -252,11 +252,11 @@ class SekvConfig:
                                            "generated token see the zoomed spans, not only summaries")
     refresh_tokens: int = setting(32, "prompt tokens zoom_lag_refresh (and a turn's tail refresh) decodes again")
     refresh_window: bool = setting(
-        True, "on a model with a sliding-window cache (iSWA: Gemma 2/3), the tail refresh of a streamed prompt also "
-              "decodes the whole sliding window before those refresh_tokens again (n_swa tokens more; the "
-              "context's ubatch, which sizes that cache, is made that large): its local layers' rows of the "
-              "question's window are then computed from global layers that read the zoomed spans, not summaries "
-              "(where a streamed prefill's error lives: docs/results.md, the oracle)")
+        True, "on a model with a sliding-window cache (iSWA: Gemma 2/3), the tail refresh of a streamed prompt "
+              "decodes the last token's whole sliding window again (n_swa tokens, at least refresh_tokens; the "
+              "context's ubatch is the smallest whose SWA cache still holds the window before them): the local "
+              "layers' rows the question reads are then computed from global layers that read the zoomed spans, "
+              "not summaries (where a streamed prefill's error lives: docs/results.md, the oracle)")
     turn_tokens: int = setting(
         64, "an append of at most this many tokens into a memory that already holds tokens is a *turn* (a "
             "conversation's next message, whose time to first token a user waits for): it is decoded with logits "

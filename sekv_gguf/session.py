@@ -23,6 +23,19 @@ from . import native
 from .hook import KVHook
 
 GGUF_MAGIC = b"GGUF"
+SWA_CELL_PAD = 256  # llama.cpp pads an iSWA model's sliding-window cache to a multiple of this (llama-kv-cache-iswa.cpp)
+
+
+def swa_cache_cells(n_swa: int, n_ubatch: int) -> int:
+    """Cells of an iSWA model's sliding-window cache in one sequence's context (llama.cpp's rule, with patches/0003:
+    ``n_swa + n_ubatch`` rounded up to ``SWA_CELL_PAD``)."""
+    return -(-(n_swa + n_ubatch) // SWA_CELL_PAD) * SWA_CELL_PAD
+
+
+def swa_ubatch(n_swa: int, redo: int, least: int) -> int:
+    """The smallest ubatch of at least ``least`` tokens whose sliding-window cache keeps the ``n_swa`` positions
+    before the newest ``redo`` ones, so that those can be removed and decoded again (``Session.swa_redo``)."""
+    return max(least, SWA_CELL_PAD * (-(-(n_swa + redo) // SWA_CELL_PAD) - 1) + 1 - n_swa)
 
 
 def check_gguf_file(path: str | Path) -> Path:

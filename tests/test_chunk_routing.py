@@ -11,6 +11,7 @@ import pytest
 from helpers import prose, seq_cells
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
+from sekv_gguf.session import swa_cache_cells, swa_ubatch
 
 
 def _rows_by_position(session, ikv: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,28 +83,54 @@ def test_refused_callback_routes_after_each_chunk_for_the_next(llama_model):
 
 
 def test_the_window_refresh_recomputes_the_sliding_window_over_the_zoomed_spans(gemma_model):
-    """iSWA (the tiny Gemma: n_swa 32): a streamed prompt whose last chunk read only the summaries of spans computed
-    exactly before it. With ``refresh_window`` the tail refresh decodes the whole sliding window and the refreshed
-    tokens again (n_swa + refresh_tokens = 64, the last chunk) once every span is zoomed: full KV's logits (f16
-    rows, full rank); with the plain refresh of 32 tokens the others keep the rows computed over summaries — in
-    the sliding-window layers too — and the logits move away; with no refresh, further."""
-    toks = gemma_model.tokenize(prose(4000, offset=300).encode(), add_bos=True, special=False)[:256]
+    """iSWA (the tiny Gemma: n_swa 32): a streamed prompt whose last chunk read only the summary of a span computed
+    exactly before it. With ``refresh_window`` the tail refresh decodes the last token's whole sliding window again
+    (n_swa = 32 tokens, more than refresh_tokens = 16: the last chunk) once every span is zoomed: full KV's logits
+    (f16 rows, full rank); with the plain refresh of 16 tokens the others keep the rows computed over summaries —
+    in the sliding-window layers too — and the logits move away; with no refresh, further."""
+    toks = gemma_model.tokenize(prose(4000, offset=300).encode(), add_bos=True, special=False)[:224]
     full = make_policy("full", gemma_model, len(toks) + 1, ContextConfig(flash_attn=False), BudgetConfig(chunk=64))
     want = full.prefill(toks)
     full.close()
     errs, refreshed = {}, {}
     for name, window, lag in (("window", True, True), ("plain", False, True), ("none", False, False)):
         cfg = SekvConfig(refresh_window=window, zoom_lag_refresh=lag, energy=1.0, host_format="f16", zoom_share=0.6,
-                         compress_when_fits=True, elastic_window=False, max_new_zooms=10_000)
+                         compress_when_fits=True, elastic_window=False, max_new_zooms=10_000, refresh_tokens=16)
         policy = make_policy("sekv", gemma_model, len(toks) + 1, ContextConfig(flash_attn=False),
-                             BudgetConfig(kv_budget=1024, chunk=64, window=64), cfg)
+                             BudgetConfig(kv_budget=1024, chunk=32, window=64), cfg)
         try:
             got = policy.prefill(toks)
-            assert len(policy.memory.store) >= 2 and policy.stats().sekv.prefill == "streaming"
+            assert len(policy.memory.store) >= 1 and policy.stats().sekv.prefill == "streaming"
             refreshed[name] = policy.memory.counters.refreshed_tokens
         finally:
             policy.close()
         errs[name] = float(np.abs(got - want).max() / np.abs(want).max())
-    assert refreshed == {"window": 64, "plain": 32, "none": 0}
+    assert refreshed == {"window": 32, "plain": 16, "none": 0}
     assert errs["window"] < 1e-5, errs
     assert errs["plain"] > 30 * errs["window"] and errs["none"] > 10 * errs["plain"], errs
+
+
+@pytest.mark.parametrize("budget", [512, 768])
+def test_the_budget_context_sizes_its_sliding_window_cache_for_the_refresh_and_no_more(gemma_model, budget):
+    """iSWA: the budget context's ubatch is the smallest whose sliding-window cache (llama.cpp's rule, mirrored by
+    ``swa_cache_cells``) keeps the window before the tail refresh; llama.cpp allocates exactly that, and the
+    refresh of a long prompt then removes and decodes again every token it planned to."""
+    policy = make_policy("sekv", gemma_model, 2000, ContextConfig(), BudgetConfig(kv_budget=budget, chunk=32))
+    try:
+        info, n_swa, ubatch = policy.session.hook.info, policy.session.hook.info.n_swa, policy.session.n_batch
+        assert n_swa == 32 and policy.tail_refresh == min(max(policy.config.refresh_tokens, n_swa), budget)
+        assert info.swa_kv_size == swa_cache_cells(n_swa, ubatch) >= n_swa + policy.tail_refresh
+        assert ubatch == policy.plan.chunk or swa_cache_cells(n_swa, ubatch - 1) < n_swa + policy.tail_refresh
+        toks = gemma_model.tokenize(prose(6000, offset=50).encode(), add_bos=True, special=False)[:1500]
+        policy.prefill(toks)
+        assert policy.memory.counters.refreshed_tokens == policy.tail_refresh
+    finally:
+        policy.close()
+
+
+def test_swa_ubatch_is_the_smallest_that_holds_the_redo():
+    for n_swa, redo, least in [(512, 512, 256), (512, 544, 256), (512, 32, 256), (4096, 4096, 256), (32, 32, 64)]:
+        u = swa_ubatch(n_swa, redo, least)
+        assert u >= least and swa_cache_cells(n_swa, u) >= n_swa + redo
+        assert u == least or swa_cache_cells(n_swa, u - 1) < n_swa + redo
+    assert swa_ubatch(512, 512, 256) == 257 and swa_cache_cells(512, 257) == 1024

@@ -28,7 +28,7 @@ from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..errors import BudgetError
 from ..router import Router, training_free
 from ..segment import RaritySegmenter, Segmenter
-from ..session import Session
+from ..session import Session, swa_ubatch
 from ..span_store import SpanStore
 from ..stats import PolicyStats
 from .base import Policy
@@ -67,11 +67,12 @@ class SekvPolicy(Policy):
                         "window": plan.window + config.span_min + config.span_max, "chunk": plan.chunk},
                        " (or a larger span_min / smaller zoom_share)")
         self.model, self.ctx_config = model, ctx_config
-        # a streamed prompt's tail refresh; on iSWA models also the sliding window before it, which the SWA cache
-        # (n_swa + n_ubatch cells) must still hold: the ubatch is made that large (within the budget)
+        # a streamed prompt's tail refresh; on iSWA models the last token's whole sliding window, whose window
+        # before it the SWA cache must still hold: the ubatch is the smallest that sizes that cache so (the chunks
+        # stay plan.chunk tokens; the compute buffer grows with the ubatch, the SWA cache by its 256-cell pad)
         n_swa = int(llama_cpp.llama_model_n_swa(model.model)) if config.refresh_window else 0
-        self.tail_refresh = min(config.refresh_tokens + n_swa, max(plan.cells, config.refresh_tokens))
-        ubatch = max(plan.chunk, self.tail_refresh) if n_swa else plan.chunk
+        self.tail_refresh = min(max(config.refresh_tokens, n_swa), max(plan.cells, config.refresh_tokens))
+        ubatch = swa_ubatch(n_swa, self.tail_refresh, plan.chunk) if n_swa else plan.chunk
         if segmenter is None:
             rarity = config.signal == "rarity" and config.prefill != "exact"  # the reference takes surprisal
             segmenter = (RaritySegmenter if rarity else Segmenter)(config, plan.anchor_cap)
