@@ -304,13 +304,17 @@ class KVHook:
 
 
 def report_lines(r: dict[str, Any]) -> list[str]:
-    """``KVHook.report`` (with ``model`` and ``architecture`` added) as the text ``info`` prints."""
+    """``KVHook.report`` (with ``model``, ``architecture``, ``n_layer`` and ``support`` added) as the text ``info``
+    prints; a refused model's report has no hook part: its model, architecture and the refusal."""
+    head = [f"model         {r['model']}", f"architecture  {r['architecture']}, {r['n_layer']} layers"]
+    if "kv" not in r:
+        return head + [f"support       {r['support']}"]
     kv, layers, mib = r["kv"], r["hooked_layers"], 1024 * 1024
-    lines = [f"model         {r['model']}",
-             f"architecture  {r['architecture']}, {kv['n_layer_model']} layers"
-             + (f", iSWA (window {kv['n_swa']})" if kv["is_iswa"] else ""),
-             f"hooked cache  {'base (global-layer) cache' if kv['is_iswa'] else 'attention cache'}: "
-             f"{kv['n_layer_kv']} layers {[layer['il'] for layer in layers]}"]
+    if kv["is_iswa"]:
+        head[1] += f", iSWA (window {kv['n_swa']})"
+    lines = head + [f"support       {r['support']}",
+                    f"hooked cache  {'base (global-layer) cache' if kv['is_iswa'] else 'attention cache'}: "
+                    f"{kv['n_layer_kv']} layers {[layer['il'] for layer in layers]}"]
     lines += [f"  layer {layer['il']:>3}  heads {layer['n_head']} q / {layer['n_head_kv']} kv, head dim "
               f"{layer['head_dim_k']}/{layer['head_dim_v']}, row bytes K {layer['k_row_bytes']} V {layer['v_row_bytes']}"
               for layer in layers]

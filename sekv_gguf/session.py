@@ -19,7 +19,7 @@ import llama_cpp._logger as _llama_logger
 from .config import KV_TYPES, MIB, ContextConfig, round_cells
 from . import _threadpool, interrupt, model_params
 from .errors import ModelError, SekvError
-from . import native
+from . import native, support
 from .hook import KVHook
 
 GGUF_MAGIC = b"GGUF"
@@ -137,6 +137,8 @@ class Session:
         for i in range(self.n_batch):
             self._batch.seq_id[i][0] = 0
         self._hook: KVHook | None = None
+        # an encoder-decoder model's decoder needs llama_encode first, which nothing here calls: llama.cpp aborts
+        self._needs_encoder = bool(llama_cpp.llama_model_has_encoder(model.model))
         self.decoded_tokens = 0  # tokens through llama_decode so far (what a memory's reuse saves is read here)
         self.output_rows = 0     # logits rows those decodes computed (each one a pass through the output layer)
 
@@ -178,8 +180,10 @@ class Session:
 
     @property
     def hook(self) -> KVHook:
+        """The context's ``KVHook``; an ``UnsupportedModelError`` naming the architecture and the reason where SeKV
+        cannot serve the model (``support``)."""
         if self._hook is None:
-            self._hook = KVHook(self.ctx, owner=self)
+            self._hook = support.open_hook(self.model, self.ctx, owner=self)
         return self._hook
 
     @property
@@ -231,6 +235,9 @@ class Session:
 
     def _decode_chunk(self, chunk: np.ndarray, start: int, outputs: Literal["last", "all", "none"]) -> None:
         """One ``llama_decode`` of at most n_batch tokens at positions start, start+1, ..."""
+        if self._needs_encoder:
+            raise ModelError(f"architecture {support.architecture(self.model)!r} cannot be decoded here: "
+                             f"{support.ENCODER_DECODER}")
         n = chunk.size
         self._tok[:n] = chunk
         self._pos[:n] = np.arange(start, start + n, dtype=np.int32)

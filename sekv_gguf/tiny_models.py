@@ -59,7 +59,8 @@ def vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def _add_vocab(w: gguf.GGUFWriter) -> int:
+def add_vocab(w: gguf.GGUFWriter) -> int:
+    """Write the ``vocab()`` SPM tokenizer (with <unk> / <s> / </s> and BOS added); the number of tokens."""
     tokens, scores, types = vocab()
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
@@ -134,7 +135,7 @@ def _write(path: Path, arch: str, spec: TinySpec, gemma: bool) -> Path:
     if gemma:
         w.add_sliding_window(spec.swa_window)
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", spec.swa_pattern)
-    n_vocab = _add_vocab(w)
+    n_vocab = add_vocab(w)
     for name, arr in _weights(spec, n_vocab, gemma).items():
         w.add_tensor(name, arr)
     w.write_header_to_file()

@@ -5,7 +5,8 @@ completes a prompt as raw text (default: the bundled long document and a questio
 its PyPI package): progress on stderr, the answer streamed to stdout, statistics at the end (``--json``: one JSON
 object on stdout and nothing else). ``-n -1`` (as llama.cpp reads it) generates until end of text or the model's
 training context is full; other negative counts are refused.
-``info [MODEL.gguf]`` prints the KV hook's view of a model's context: hooked layers, cache sizes, bytes per token.
+``info [MODEL.gguf]`` prints the KV hook's view of a model's context: hooked layers, cache sizes, bytes per token,
+and whether SeKV supports the model (a refused one: its architecture, layers and the reason, then exit status 1).
 ``serve [MODEL.gguf]`` runs an OpenAI-compatible server on ``SekvLlama``; ``chat [MODEL.gguf]`` a terminal chat
 (default model of both: SmolLM2-135M-Instruct).
 Errors end the process with a one-line message on stderr and a non-zero exit code.

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import llama_cpp
 from tqdm import tqdm
 
-from .. import auto_budget, rpc
+from .. import auto_budget, rpc, support
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..documents import default_prompt
 from ..engine import RunResult, generate, make_policy
@@ -36,14 +37,21 @@ def cmd_info(args: argparse.Namespace) -> int:
     path = _model_path(args.model)
     config = ContextConfig(n_ctx=args.n_ctx, verbose=args.verbose, **device_config(args))
     with Session.open(path, config) as session:
-        report = {"model": path, "architecture": session.model.metadata().get("general.architecture", "?"),
-                  **session.hook.report()}
+        why = support.refusal(session.model, session.ctx)
+        report: dict[str, Any] = {"model": path, "architecture": support.architecture(session.model),
+                                  "n_layer": int(llama_cpp.llama_model_n_layer(session.model.model)),
+                                  "support": support.support_line(why)}
+        if why is None:
+            report |= session.hook.report()
         if config.rpc_servers:
             report["devices"] = rpc.describe(rpc.devices(config.rpc_servers, config.rpc_timeout_s))
-        if args.kv_budget == "auto":
+        if why is None and args.kv_budget == "auto":
             chosen = auto_budget.resolve(session.model, config, args.n_ctx)
             report["kv_budget_auto"] = {"kv_budget": chosen.kv_budget, "reason": chosen.reason}
     print(json.dumps(report) if args.json else "\n".join(report_lines(report)))
+    if why is not None:  # what could be read is printed; the refusal is also the exit status
+        print(f"error: architecture {report['architecture']!r} is not supported: {why}", file=sys.stderr)
+        return 1
     return 0
 
 
