@@ -22,6 +22,9 @@ TRAINING_FREE_SCORES = ("index", "mass", "summary", "centroid", "bound")
 
 # how span rows are kept in the host tier where factors would not be smaller (``SekvConfig.host_format``)
 HOST_FORMATS = ("f16", "q8", "q4")
+# how the routing index keeps its block keys (``SekvConfig.index_format``)
+INDEX_FORMATS = ("q8", "f16")
+INDEX_Q8_MAX = 127  # largest int8 code of a q8 block key
 
 MIB = 1 << 20  # bytes in a MiB
 
@@ -243,6 +246,8 @@ class SekvConfig:
                                       "wrote them made; decode-step routing keeps its bounded reads")
     block_tokens: int = setting(16, "tokens per block of the routing index (one mean key per block, span, layer and "
                                     "KV head)")
+    index_format: str = setting("q8", 'how the routing index keeps its block keys: "q8" (int8 codes, an f16 scale per '
+                                      'block and KV head: half the bytes) or "f16"', choices=INDEX_FORMATS)
     route_every: int = setting(4, "decode steps between routings (1: every step); zoomed spans stay resident between")
     max_new_zooms: int = setting(2, "most spans rebuilt per layer per decode step (the first routing after prefill "
                                     "has no limit); bounds the host->device traffic of a step, the zoom cache keeps "
@@ -324,6 +329,8 @@ class SekvConfig:
             raise ValueError(f"host_format must be one of {', '.join(HOST_FORMATS)}, got {self.host_format!r}")
         if self.block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {self.block_tokens}")
+        if self.index_format not in INDEX_FORMATS:
+            raise ValueError(f"index_format must be one of {', '.join(INDEX_FORMATS)}, got {self.index_format!r}")
         if self.r_max < 1:
             raise ValueError(f"r_max must be >= 1, got {self.r_max}")
         if self.verify_candidates < 0:

@@ -189,7 +189,7 @@ class IndexRouter(TwoStageRouter):
 
     def propose(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         """Stage-1 scores [n_spans] from the block index."""
-        blocks = store.blocks[ikv].astype(np.float32)                     # [Hkv, S, B, d]
+        blocks = store.block_keys(ikv)                                    # [Hkv, S, B, d] f32
         n_head_kv, n_spans, n_blocks, d = blocks.shape
         q = _grouped(query, n_head_kv)                                    # [Hkv, G, d]
         # per KV head: [S*B, d] @ [d, G] -> [Hkv, S*B, G] -> [Hkv, S, B, G], + log n_b (-inf: padding)

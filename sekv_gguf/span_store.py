@@ -16,7 +16,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from . import native
-from .config import SekvConfig
+from .config import INDEX_Q8_MAX, SekvConfig
 from .spans import SKETCH_FIELDS, Factors, Span, factorize, sketches, weighted_mean
 
 _BLAS = ThreadpoolController()
@@ -41,6 +41,18 @@ def _f16_outwards(x: np.ndarray, down: bool) -> np.ndarray:
     return np.where(off, np.nextafter(h, np.float16(-np.inf if down else np.inf)), h)
 
 
+def _index_codes(blocks: np.ndarray, q8: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Block keys f32 [Hkv, n, B, d] as kept: int8 codes and f16 scales [Hkv, n, B] (symmetric, per block and KV
+    head; a zero block keeps scale 1), or f16 keys and no scales."""
+    if not q8:
+        return blocks.astype(np.float16), np.zeros(blocks.shape[:3], dtype=np.float16)[:, :0]
+    amax = np.abs(blocks).max(axis=-1)                                    # [Hkv, n, B]
+    scale = (amax / INDEX_Q8_MAX).astype(np.float16)
+    scale[scale == 0] = 1.0  # a zero block (or one below f16's range once scaled): codes 0
+    codes = np.rint(blocks / scale[..., None].astype(np.float32))         # [Hkv, n, B, d]
+    return np.clip(codes, -INDEX_Q8_MAX, INDEX_Q8_MAX).astype(np.int8), scale
+
+
 def _table_append(table: native.SpanTable, length: int, k: Factors) -> None:
     """A span's host K rows (factors, f16, int8 or 4-bit rows) onto a layer's pointer table."""
     table.append(length, k.raw, k.us, k.vt, k.q8, k.scale, k.q4)
@@ -58,8 +70,10 @@ class SpanStore:
     keys[ikv]      f16 [S, Hkv, d]   summary keys (weighted mean of the span's keys)
     kmin/kmax[ikv] f16 [S, Hkv, d]   channel-wise min / max of the span's keys (rounded outwards: still bounds)
     tables[ikv]    native.SpanTable  pointers to the host K rows (factors or raw) of every span
-    blocks[ikv]    f16 [Hkv, S, B, d] the routing index: mean key of each block of ~``block_tokens`` tokens
-                                     (per KV head contiguous: one matmul per head scores every block)
+    blocks[ikv]    i8|f16 [Hkv, S, B, d] the routing index: mean key of each block of ~``block_tokens`` tokens
+                                     (per KV head contiguous: one matmul per head scores every block); int8
+                                     codes with ``index_format="q8"`` (the default), read through ``block_keys``
+    block_scale[ikv] f16 [Hkv, S, B] their scales (q8 only; empty with f16)
     block_logn     f32 [S, B]        log tokens per block (-inf: padding past a span's blocks)
     sketch[ikv]    {field: f64 [S, Hkv, ...]}  key sketches (``SKETCH_FIELDS``), when ``sketch_shape`` is set
     lengths        f32 [S]           tokens per span
@@ -84,7 +98,10 @@ class SpanStore:
         self.kmax = [empty() for _ in range(n_layer)]
         self.tables = [native.SpanTable(n_head_kv, head_dim) for _ in range(n_layer)]
         self.n_blocks = -(-config.span_max // config.block_tokens)  # B: blocks per span (longer spans: longer blocks)
-        self.blocks = [np.zeros((n_head_kv, 0, self.n_blocks, head_dim), dtype=np.float16) for _ in range(n_layer)]
+        self.q8_index = config.index_format == "q8"
+        code = np.int8 if self.q8_index else np.float16
+        self.blocks = [np.zeros((n_head_kv, 0, self.n_blocks, head_dim), dtype=code) for _ in range(n_layer)]
+        self.block_scale = [np.zeros((n_head_kv, 0, self.n_blocks), dtype=np.float16) for _ in range(n_layer)]
         self.block_logn = np.zeros((0, self.n_blocks), dtype=np.float32)
         self.sketch: list[dict[str, np.ndarray]] = [{} for _ in range(n_layer)]
 
@@ -132,7 +149,9 @@ class SpanStore:
                 for i, (p, split) in enumerate(zip(k_parts, splits)):
                     for b, idx in enumerate(split):
                         blocks[:, i, b] = p[idx].mean(axis=0)            # [Hkv, d]
-                self.blocks[ikv] = np.concatenate([self.blocks[ikv], blocks.astype(np.float16)], axis=1)
+                codes, scale = _index_codes(blocks, self.q8_index)
+                self.blocks[ikv] = np.concatenate([self.blocks[ikv], codes], axis=1)
+                self.block_scale[ikv] = np.concatenate([self.block_scale[ikv], scale], axis=1)
             if self.sketch_shape is not None:
                 add = {f: x.astype(np.float64) for f, x in sketches(k_parts, *self.sketch_shape).items()}
                 have = self.sketch[ikv]
@@ -159,7 +178,7 @@ class SpanStore:
         self.block_logn = self.block_logn[:k]
         for ikv in range(self.n_layer):
             self.keys[ikv], self.kmin[ikv], self.kmax[ikv] = self.keys[ikv][:k], self.kmin[ikv][:k], self.kmax[ikv][:k]
-            self.blocks[ikv] = self.blocks[ikv][:, :k]
+            self.blocks[ikv], self.block_scale[ikv] = self.blocks[ikv][:, :k], self.block_scale[ikv][:, :k]
             self.tables[ikv] = self.tables[ikv].head(k)
             if self.sketch[ikv]:
                 self.sketch[ikv] = {f: x[:k] for f, x in self.sketch[ikv].items()}
@@ -168,7 +187,7 @@ class SpanStore:
         """What a snapshot of the store may share with it: the spans (immutable once placed), their host arrays
         and the stacked per-layer arrays (replaced, never written in place)."""
         out: list[object] = [*self.spans, self.lengths, self.block_logn, *self.keys, *self.kmin, *self.kmax,
-                             *self.blocks]
+                             *self.blocks, *self.block_scale]
         for s in self.spans:
             out += [s.positions, *s.k, *s.v]
             out += [a for f in s.k + s.v for a in (f.us, f.vt, f.raw, f.q8, f.scale, f.q4) if a is not None]
@@ -180,7 +199,7 @@ class SpanStore:
 
     # -- plain data (a saved memory) -------------------------------------------------------------------------------
 
-    _STACKED = ("keys", "kmin", "kmax", "blocks", "sketch")  # per-layer lists
+    _STACKED = ("keys", "kmin", "kmax", "blocks", "block_scale", "sketch")  # per-layer lists
 
     def to_plain(self) -> dict[str, Any]:
         """The spans (positions, summary cell, per layer K/V factors or rows) and the routing data stacked from them,
@@ -223,15 +242,20 @@ class SpanStore:
     def routing_bytes(self) -> int:
         """Bytes of the routing data stacked from the spans: summary keys, key bounds, block index, sketches,
         lengths (as held)."""
-        routing = [self.lengths, self.block_logn, *self.keys, *self.kmin, *self.kmax, *self.blocks]
+        routing = [self.lengths, self.block_logn, *self.keys, *self.kmin, *self.kmax, *self.blocks, *self.block_scale]
         routing += [x for sk in self.sketch for x in sk.values()]
         return int(sum(a.nbytes for a in routing))
 
     @property
     def index_bytes(self) -> int:
-        """Bytes of what the two-stage routers scan per routing (block index; on a GPU it sits beside the summary
-        rows), as f16."""
-        return int(sum(b.size for b in self.blocks) * 2 + self.block_logn.size * 2)
+        """Bytes of what the two-stage routers scan per routing (block index with its scales and log sizes, as
+        held; on a GPU it sits beside the summary rows)."""
+        return int(sum(b.nbytes for b in self.blocks + self.block_scale) + self.block_logn.nbytes)
+
+    def block_keys(self, ikv: int) -> np.ndarray:
+        """Layer ``ikv``'s block keys f32 [Hkv, S, B, d] (q8 codes widened by their scales)."""
+        keys = self.blocks[ikv].astype(np.float32)
+        return keys * self.block_scale[ikv][..., None].astype(np.float32) if self.q8_index else keys
 
     @property
     def span_tokens(self) -> int:

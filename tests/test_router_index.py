@@ -34,7 +34,7 @@ def _case(seed: int, n_spans: int) -> tuple[SekvConfig, SpanStore, np.ndarray]:
 def test_one_token_blocks_estimate_exact_mass():
     """With one token per block, stage 1's logsumexp over blocks is the span's exact attention mass."""
     rng = np.random.default_rng(0)
-    cfg = SekvConfig(span_min=4, span_max=12, block_tokens=1, energy=1.0, host_format="f16")
+    cfg = SekvConfig(span_min=4, span_max=12, block_tokens=1, energy=1.0, host_format="f16", index_format="f16")
     store = _store(rng, 30, cfg)
     query = rng.standard_normal((4, 16)).astype(np.float32)
     got = IndexRouter().propose(0, query, store)
@@ -49,7 +49,33 @@ def test_blocks_cover_each_span_once():
     sizes = np.exp(store.block_logn)                                      # [S, B] (0 for padding)
     np.testing.assert_allclose(sizes.sum(axis=1), store.lengths, rtol=1e-5)
     assert store.blocks[0].shape == (2, 20, 3, 16) and np.isfinite(store.block_logn[:, 0]).all()
-    assert store.index_bytes == (store.blocks[0].size + store.block_logn.size) * 2
+    assert store.blocks[0].dtype == np.int8 and store.block_scale[0].shape == (2, 20, 3)  # the default: q8
+    assert store.index_bytes == store.blocks[0].size + (store.block_scale[0].size * 2 + store.block_logn.size * 4)
+
+
+def test_a_q8_index_scores_as_the_f16_one_in_half_the_bytes():
+    """int8 block keys (a scale per block and KV head): every stage-1 score within 1% of the score's spread
+    from the f16 index's, the same best spans, about half the index bytes; a zero block stays zero."""
+    rng = np.random.default_rng(3)
+    mats = [rng.standard_normal((int(n), 2, 16)).astype(np.float32) * 2 for n in rng.integers(8, 17, 60)]
+    mats[5][:] = 0.0
+    rows = np.concatenate(mats)
+    stores = {}
+    for fmt in ("q8", "f16"):
+        stores[fmt] = SpanStore(1, 2, 16, SekvConfig(span_min=8, span_max=16, block_tokens=4, index_format=fmt))
+        stores[fmt].add([np.arange(m.shape[0]) for m in mats], [np.ones(m.shape[0]) for m in mats],
+                        lambda ikv: (rows, rows))
+    q8, f16 = stores["q8"], stores["f16"]
+    assert not q8.block_keys(0)[:, 5].any() and np.isfinite(q8.block_keys(0)).all()
+    np.testing.assert_allclose(q8.block_keys(0), f16.block_keys(0), atol=0.6 * float(q8.block_scale[0].max()))
+    for seed in range(5):
+        query = np.random.default_rng(seed).standard_normal((4, 16)).astype(np.float32)
+        a, b = IndexRouter().propose(0, query, q8), IndexRouter().propose(0, query, f16)
+        assert np.abs(a - b).max() < 0.01 * (b.max() - b.min())
+        assert set(np.argsort(-a)[:5]) == set(np.argsort(-b)[:5])
+    assert q8.index_bytes < 0.6 * f16.index_bytes
+    with pytest.raises(ValueError, match="index_format"):
+        SekvConfig(index_format="q4")
 
 
 def test_a_store_keeps_only_the_routing_data_its_router_reads(llama_model):
@@ -69,7 +95,7 @@ def test_a_store_keeps_only_the_routing_data_its_router_reads(llama_model):
     full, lean = stores["all"], stores["index"]
     assert lean.keys[0].shape[0] == lean.kmin[0].shape[0] == 0 and full.keys[0].shape == (20, 2, 16)
     assert lean.routing_bytes < full.routing_bytes and lean.host_bytes < full.host_bytes
-    assert {a.dtype for a in (full.keys[0], full.kmin[0], full.kmax[0], full.blocks[0])} == {np.dtype(np.float16)}
+    assert {a.dtype for a in (full.keys[0], full.kmin[0], full.kmax[0])} == {np.dtype(np.float16)}
     lo, hi = full.bounds(0)
     assert (lo.astype(np.float32) <= np.stack([m.min(axis=0) for m in mats])).all()
     assert (hi.astype(np.float32) >= np.stack([m.max(axis=0) for m in mats])).all()
