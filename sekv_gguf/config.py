@@ -14,8 +14,12 @@ from gguf import GGMLQuantizationType
 
 from .endpoints import parse_endpoints
 
-# K/V cache types the hook can address per cell
-KV_TYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16}
+# K/V cache element types (llama.cpp's -ctk / -ctv names): f32 and f16 rows are numbers, q8_0 and q4_0 rows are
+# ggml blocks the engine reads and writes through gguf-py's quantizers (``sekv_gguf.kv_codec``; docs/quantized-kv.md)
+KV_TYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
+            "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
+
+UNQUANTIZED_KV_TYPES = ("f32", "f16")  # the others are block-quantized
 
 # the training-free span scores of ``sekv_gguf.router.ROUTERS``
 TRAINING_FREE_SCORES = ("index", "mass", "summary", "centroid", "bound")
@@ -69,11 +73,13 @@ class ContextConfig:
                                      "ggml's default (50, they spin: fastest alone, stalls when another busy process "
                                      "wants the cores); 0: they sleep (see docs/reliability.md)")
     flash_attn: bool = setting(True, "required for per-cell V rows (with it off V is stored transposed; the hook "
-                                     "handles that, slower)")
+                                     "handles that, slower) and by llama.cpp for a quantized V cache")
     swa_full: bool = setting(False, "keep False so that iSWA models (Gemma 3) allocate a window-sized SWA cache, not "
                                     "a full one")
-    type_k: str = setting("f16", "K cache element type", choices=tuple(KV_TYPES))
-    type_v: str = setting("f16", "V cache element type", choices=tuple(KV_TYPES))
+    type_k: str = setting("f16", "K cache element type (llama.cpp's -ctk); q8_0 / q4_0 need head sizes that are a "
+                                 "multiple of 32", choices=tuple(KV_TYPES))
+    type_v: str = setting("f16", "V cache element type (llama.cpp's -ctv); q8_0 / q4_0 need flash_attn and head sizes "
+                                 "that are a multiple of 32", choices=tuple(KV_TYPES))
     n_gpu_layers: int = setting(-1, "layers offloaded to the GPU or the RPC servers (-1: all; ignored by a CPU build "
                                     "without them)")
     rpc_servers: tuple[str, ...] = setting((), "HOST:PORT of llama.cpp RPC servers (ggml-rpc-server) whose devices "
@@ -108,7 +114,11 @@ class ContextConfig:
             raise ValueError(f"poll must be in [0, 100] (or None), got {self.poll}")
         for name in ("type_k", "type_v"):
             if getattr(self, name) not in KV_TYPES:
-                raise ValueError(f"{name} must be one of {sorted(KV_TYPES)}, got {getattr(self, name)!r}")
+                raise ValueError(f"{name} must be one of the K/V cache types {', '.join(KV_TYPES)}, got "
+                                 f"{getattr(self, name)!r}")
+        if self.type_v not in UNQUANTIZED_KV_TYPES and not self.flash_attn:
+            raise ValueError(f"type_v {self.type_v} (a quantized V cache) needs flash_attn=True: llama.cpp stores V "
+                             "transposed without it, which block types cannot be")
 
     @property
     def threads(self) -> int:
@@ -219,7 +229,7 @@ class SekvConfig:
               'channel for K and per token for V: about half the bytes of "f16"), "q4" (4-bit codes with an f16 '
               "scale and zero per channel for K and per token and 32 channels for V: about 0.3 of \"f16\"; int8 "
               'where the head size is odd) or "f16" (as the device holds them: with energy 1 the host tier is then '
-              "exact)",
+              "exact; on a q8_0 / q4_0 cache its own blocks, keys with an f16 copy for scoring)",
         choices=HOST_FORMATS)
     prefill: str = setting(
         "auto", '"auto": streamed through the budget context (device cells never above the budget, no full-size '

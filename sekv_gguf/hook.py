@@ -16,10 +16,11 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from . import _hook_api as api
+from . import kv_codec
 from .errors import HookError, HookIndexError, HookStateError, HookValueError, UnsupportedModelError
 
 # element dtype of rows whose type is addressable per element; other (block-quantized) types come back as bytes
-_ROW_DTYPES = {GGMLQuantizationType.F32: np.dtype(np.float32), GGMLQuantizationType.F16: np.dtype(np.float16)}
+_ROW_DTYPES = kv_codec.NUMBER_DTYPES
 
 _ERROR_CLASSES: dict[int, type[HookError]] = {
     api.SEKV_ERR_NULL: HookValueError,
@@ -229,6 +230,21 @@ class KVHook:
         check("sekv_kv_set_rows", api.sekv_kv_set_rows(self.ctx, seq, ikv, _ptr(c), c.size,
                                                        kb.ctypes.data, kb.nbytes, vb.ctypes.data, vb.nbytes))
 
+    def get_values(self, ikv: int, cells: Any, seq: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """K and V rows of ``cells`` in layer ``ikv`` as numbers [n, n_head_kv, head_dim]: f16 / f32 as held,
+        block-quantized rows dequantized to f32 (``kv_codec.decode``; in the cache's basis, see ``kv_codec``)."""
+        layer = self._layer(ikv, "sekv_kv_get_rows")
+        k, v = self.get_rows(ikv, cells, seq)
+        return (kv_codec.decode(k, self.info.type_k, layer.n_head_kv, layer.head_dim_k),
+                kv_codec.decode(v, self.info.type_v, layer.n_head_kv, layer.head_dim_v))
+
+    def set_values(self, ikv: int, cells: Any, k: np.ndarray, v: np.ndarray, seq: int = 0) -> None:
+        """Write numbers [n, n_head_kv, head_dim] (or [n, n_head_kv * head_dim]) as K and V rows: cast to f16 / f32,
+        or quantized into the cache's blocks (``kv_codec.encode``)."""
+        layer = self._layer(ikv, "sekv_kv_set_rows")
+        self.set_rows(ikv, cells, kv_codec.encode(np.asarray(k), self.info.type_k, layer.n_head_kv, layer.head_dim_k),
+                      kv_codec.encode(np.asarray(v), self.info.type_v, layer.n_head_kv, layer.head_dim_v), seq)
+
     def _layer(self, ikv: int, function: str) -> KVLayer:
         if not 0 <= ikv < len(self.layers):
             raise HookIndexError(function, api.SEKV_ERR_LAYER,
@@ -318,8 +334,10 @@ def report_lines(r: dict[str, Any]) -> list[str]:
     lines += [f"  layer {layer['il']:>3}  heads {layer['n_head']} q / {layer['n_head_kv']} kv, head dim "
               f"{layer['head_dim_k']}/{layer['head_dim_v']}, row bytes K {layer['k_row_bytes']} V {layer['v_row_bytes']}"
               for layer in layers]
+    rotated = [name for name in ("k", "v") if kv[f"rot_{name}"]]
     lines += [f"cells         {kv['kv_size']} ({r['kv_type_k']} K / {r['kv_type_v']} V, flash attention "
-              f"{'on' if kv['flash_attn'] else 'off'}, V {'transposed' if kv['v_trans'] else 'row-major'})",
+              f"{'on' if kv['flash_attn'] else 'off'}, V {'transposed' if kv['v_trans'] else 'row-major'}"
+              f"{', ' + '/'.join(rotated).upper() + ' Hadamard-rotated' if rotated else ''})",
               f"bytes/token   {r['bytes_per_token']} (hooked layers, K+V)",
               f"hooked KV     {kv['kv_bytes'] / mib:.2f} MiB"]
     if kv["is_iswa"]:

@@ -9,7 +9,8 @@ checkpoint at the end of each prompt, an LRU of memories, a scratch context for 
 
 What a compressed memory cannot hold is refused with a clear error: ``set_cache`` / ``save_state`` /
 ``load_state``, draft models, LoRA, embeddings, multimodal chat handlers, ``logits_all``, prompt logprobs (``echo``
-with ``logprobs``), quantized K/V cache types.
+with ``logprobs``). ``type_k`` / ``type_v`` take f16, f32, q8_0 and q4_0 (a ggml type id, as llama-cpp-python,
+or the name; docs/quantized-kv.md); other K/V cache types are refused.
 """
 
 from __future__ import annotations
@@ -80,6 +81,21 @@ class _ContextView:
         """The policies' contexts are closed by ``SekvLlama.close``."""
 
 
+def _kv_type(value: int | str | None, name: str) -> str:
+    """``type_k`` / ``type_v`` as llama-cpp-python takes them (a ggml type id; here also its name) -> the
+    ``ContextConfig`` name (None: f16); a type the engine does not read and write is refused, naming those it does."""
+    if value is None:
+        return "f16"
+    names = {int(v): k for k, v in KV_TYPES.items()}
+    if isinstance(value, str):
+        if value.lower() in KV_TYPES:
+            return value.lower()
+    elif int(value) in names:
+        return names[int(value)]
+    raise ValueError(f"{name}={value!r} is not a K/V cache type SekvLlama reads and writes; supported: "
+                     f"{', '.join(f'{k} ({int(v)})' for k, v in KV_TYPES.items())}")
+
+
 def _no_template_handler(*args: Any, **kwargs: Any) -> Any:
     raise UnsupportedError("this model has no chat template (a base model): pass chat_format (llama-cpp-python's "
                            "names, e.g. 'gemma' for Gemma 3, 'chatml') or use plain completions")
@@ -104,7 +120,7 @@ class SekvLlama(llama_cpp.Llama):
                  n_ctx: int = 0, n_batch: int = 512, n_threads: int | None = None, n_gpu_layers: int = -1,
                  rpc_servers: str | Sequence[str] | None = None, rpc_timeout_s: float = ContextConfig.rpc_timeout_s,
                  repack_weights: bool = ContextConfig.repack_weights,
-                 flash_attn: bool = True, type_k: int | None = None, type_v: int | None = None,
+                 flash_attn: bool = True, type_k: int | str | None = None, type_v: int | str | None = None,
                  logits_all: bool = False, embedding: bool = False, lora_path: str | None = None,
                  draft_model: Any = None, chat_handler: Any = None, chat_format: str | None = None,
                  verbose: bool = False, **kwargs: Any):
@@ -114,10 +130,7 @@ class SekvLlama(llama_cpp.Llama):
                            "a multimodal chat handler")):
             if bad:
                 raise _refuse(what)
-        kv_types = {int(v): k for k, v in KV_TYPES.items()}
-        for name, t in (("type_k", type_k), ("type_v", type_v)):
-            if t is not None and int(t) not in kv_types:
-                raise _refuse(f"a quantized K/V cache ({name}={t})")
+        cache_k, cache_v = _kv_type(type_k, "type_k"), _kv_type(type_v, "type_v")
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
         if sekv is not None and (policy != "sekv" or prefill != SekvConfig.prefill):
@@ -145,8 +158,7 @@ class SekvLlama(llama_cpp.Llama):
         self.input_ids = np.zeros(logical, dtype=np.intc)
         self.policy_name = policy
         ctx_config = ContextConfig(n_threads=self.context_params.n_threads, flash_attn=flash_attn,
-                                   type_k=kv_types.get(int(type_k), "f16") if type_k is not None else "f16",
-                                   type_v=kv_types.get(int(type_v), "f16") if type_v is not None else "f16",
+                                   type_k=cache_k, type_v=cache_v,
                                    n_gpu_layers=n_gpu_layers, rpc_servers=devices.rpc_servers,
                                    rpc_timeout_s=rpc_timeout_s, repack_weights=repack_weights, verbose=verbose)
         budget = BudgetConfig(kv_budget=kv_budget, chunk=n_batch)

@@ -19,7 +19,7 @@ import llama_cpp._logger as _llama_logger
 from .config import KV_TYPES, MIB, ContextConfig, round_cells
 from . import _threadpool, interrupt, model_params
 from .errors import ModelError, SekvError
-from . import native, support
+from . import kv_codec, native, support
 from .hook import KVHook
 
 GGUF_MAGIC = b"GGUF"
@@ -85,6 +85,25 @@ def apply_chat_template(model: _internals.LlamaModel, text: str) -> str:
     raise ModelError("the model's chat template could not be applied")
 
 
+def check_kv_types(model: _internals.LlamaModel, config: ContextConfig) -> None:
+    """Refuse a quantized K/V cache (``config.type_k`` / ``type_v``) whose head sizes are not whole blocks of its
+    type, naming them (llama.cpp's own refusal is only a log line). Head sizes from the GGUF metadata (key / value
+    length, else embedding length / heads); a model that states neither is left to llama.cpp."""
+    meta = model.metadata()
+    arch = meta.get("general.architecture", "")
+    heads = meta.get(f"{arch}.attention.head_count", "")
+    width = meta.get(f"{arch}.embedding_length", "")
+    fallback = str(int(width) // int(heads)) if width.isdigit() and heads.isdigit() and int(heads) else ""
+    for name, key in (("type_k", "key_length"), ("type_v", "value_length")):
+        type_id = KV_TYPES[getattr(config, name)]
+        size = meta.get(f"{arch}.attention.{key}", fallback)
+        block = kv_codec.block_values(type_id)
+        if size.isdigit() and int(size) % block:
+            raise SekvError(f"{name} {getattr(config, name)} stores {block}-value blocks, and this model's "
+                            f"{'K' if name == 'type_k' else 'V'} head size {size} is not a multiple of {block}: use "
+                            "f16 for it")
+
+
 def output_rows(config: ContextConfig, n_vocab: int) -> int:
     """Logits rows one llama_decode of a context with ``config`` returns at most: ``logits_mib`` of f32 rows over
     ``n_vocab`` tokens, at least one, at most the batch (what llama.cpp reserves its logits buffers for)."""
@@ -115,6 +134,7 @@ class Session:
         params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn
                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         params.swa_full = config.swa_full
+        check_kv_types(model, config)
         params.type_k = KV_TYPES[config.type_k]
         params.type_v = KV_TYPES[config.type_v]
         params.no_perf = True

@@ -4,7 +4,9 @@ Spans arrive in batches (``SpanStore.add``): their K/V rows are factorised (``sp
 layer, the store appends what routing reads — the summary keys, channel-wise key bounds, lengths, the native
 pointer table of the host K rows (``native.SpanTable``) and, when a router asks for them, the key sketches. Nothing
 else keeps span data: routers are functions of ``(layer, query, store)``, so one router serves any number of
-stores. Spans only ever grow (a store belongs to one policy and one context).
+stores. Spans only ever grow (a store belongs to one policy and one context). The rows come as the cache holds
+them (``kv_types``): numbers, or blocks of a quantized cache, compressed from their dequantized values
+(``kv_codec``).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import functools
 from typing import Any, Callable
 
 import numpy as np
+from gguf import GGMLQuantizationType
 from threadpoolctl import ThreadpoolController
 
-from . import native
+from . import kv_codec, native
 from .config import INDEX_Q8_MAX, SekvConfig
 from .spans import SKETCH_FIELDS, Factors, Span, factorize, sketches, weighted_mean
 
@@ -62,6 +65,7 @@ def _table_append(table: native.SpanTable, length: int, k: Factors) -> None:
 SketchShape = tuple[int, int, int]
 # the stacked routing arrays a store can keep per layer; a router names those it reads (``Router.reads``)
 ROUTING_FIELDS = frozenset({"keys", "bounds", "blocks"})
+F16_CACHE = (int(GGMLQuantizationType.F16), int(GGMLQuantizationType.F16))  # (type_k, type_v) of an f16 cache
 
 
 class SpanStore:
@@ -80,14 +84,18 @@ class SpanStore:
 
     The stacked routing data is f16 (the precision of the device's K rows; routers widen it to f32 per call): it
     grows with the context like the spans' rows, and in f32 it was a third of a 4-bit host tier.
+
+    ``kv_types``: the ggml (type_k, type_v) of the cache the rows come from (``KVInfo.type_k``, ``type_v``).
     """
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, config: SekvConfig,
-                 sketch_shape: SketchShape | None = None, fields: frozenset[str] = ROUTING_FIELDS):
+                 sketch_shape: SketchShape | None = None, fields: frozenset[str] = ROUTING_FIELDS,
+                 kv_types: tuple[int, int] = F16_CACHE):
         if not fields <= ROUTING_FIELDS:
             raise ValueError(f"unknown routing fields {sorted(fields - ROUTING_FIELDS)}: known {sorted(ROUTING_FIELDS)}")
         self.config = config
         self.n_head_kv, self.head_dim = n_head_kv, head_dim
+        self.kv_types = (int(kv_types[0]), int(kv_types[1]))
         self.sketch_shape = sketch_shape
         self.fields = fields  # which of keys / bounds / blocks are kept (the others stay empty: no router reads them)
         self.spans: list[Span] = []
@@ -119,19 +127,24 @@ class SpanStore:
     def add(self, positions: list[np.ndarray], weights: list[np.ndarray],
             rows: Callable[[int], tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Compress new spans: ``positions[i]`` int [L_i] of span i, ``weights[i]`` [L_i] its summary weights,
-        ``rows(ikv)`` the K and V rows [sum L_i, Hkv, d] of all new spans' tokens in layer ``ikv`` (span after
-        span). Returns per layer the new spans' summary rows (k̄, v̄) f16 [n_new, Hkv*d] for the device."""
+        ``rows(ikv)`` the K and V rows of all new spans' tokens in layer ``ikv`` (span after span) as
+        ``KVHook.get_rows`` returns them: numbers [sum L_i, Hkv, d], or a quantized cache's blocks [sum L_i,
+        row_bytes]. Returns per layer the new spans' summary rows (k̄, v̄) f16 [n_new, Hkv*d] for the device."""
         n_new = len(positions)
         cut = np.cumsum([0] + [p.size for p in positions])
         new = [Span(id=len(self.spans) + i, positions=np.asarray(p, dtype=np.int32)) for i, p in enumerate(positions)]
         summaries = []
         splits = [self._blocks(p.size) for p in positions]               # per span: B' arrays of token indices
         for ikv in range(self.n_layer):
-            k, v = rows(ikv)                                              # [n, Hkv, d] each
+            k_rows, v_rows = rows(ikv)
+            (k, k_blocks), (v, v_blocks) = (self._numbers(r, t) for r, t in zip((k_rows, v_rows), self.kv_types))
             k_parts = [k[cut[i]:cut[i + 1]].astype(np.float32) for i in range(n_new)]  # [L_i, Hkv, d]
             v_parts = [v[cut[i]:cut[i + 1]].astype(np.float32) for i in range(n_new)]
-            for span, kf, vf in zip(new, factorize(k_parts, self.config),
-                                    factorize(v_parts, self.config, values=True)):
+            split = lambda b: None if b is None else [b[cut[i]:cut[i + 1]] for i in range(n_new)]  # noqa: E731
+            for span, kf, vf in zip(new, factorize(k_parts, self.config, blocks=split(k_blocks),
+                                                   block_type=self.kv_types[0]),
+                                    factorize(v_parts, self.config, values=True, blocks=split(v_blocks),
+                                              block_type=self.kv_types[1])):
                 span.k.append(kf)
                 span.v.append(vf)
                 _table_append(self.tables[ikv], span.length, kf)
@@ -166,6 +179,14 @@ class SpanStore:
         self.lengths = np.concatenate([self.lengths, [s.length for s in new]]).astype(np.float32)
         return summaries
 
+    def _numbers(self, rows: np.ndarray, type_id: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rows of cache type ``type_id`` as numbers [n, Hkv, d], and a quantized cache's blocks uint8
+        [n, Hkv, head_bytes] (None for f16 / f32)."""
+        values = kv_codec.decode(rows, type_id, self.n_head_kv, self.head_dim)
+        if not kv_codec.is_block(type_id):
+            return values, None
+        return values, np.ascontiguousarray(rows, dtype=np.uint8).reshape(rows.shape[0], self.n_head_kv, -1)
+
     def _blocks(self, length: int) -> list[np.ndarray]:
         """A span's token indices cut into ceil(length / block_tokens) near-equal blocks (at most ``n_blocks``)."""
         n = min(self.n_blocks, -(-length // self.config.block_tokens))
@@ -190,7 +211,7 @@ class SpanStore:
                              *self.blocks, *self.block_scale]
         for s in self.spans:
             out += [s.positions, *s.k, *s.v]
-            out += [a for f in s.k + s.v for a in (f.us, f.vt, f.raw, f.q8, f.scale, f.q4) if a is not None]
+            out += [a for f in s.k + s.v for a in (f.us, f.vt, f.raw, f.q8, f.scale, f.q4, f.blocks) if a is not None]
         for t in self.tables:
             out += t.arrays
         for sk in self.sketch:

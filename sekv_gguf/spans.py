@@ -8,6 +8,11 @@ channel for K (keys' outlier channels, as KIVI quantizes them) and per token for
 4-bit codes (two per byte) with an f16 scale and zero (the minimum) per channel for K and per token and run of
 ``Q4_GROUP`` channels for V (KIVI's asymmetric layout). The SVDs of a batch are one
 LAPACK call over zero-padded spans (see ``factorize``).
+
+On a block-quantized cache (q8_0, q4_0: ``kv_codec``) the rows come in as blocks and are compressed from their
+dequantized values; ``host_format="f16"`` ("as the device holds them") keeps the blocks themselves, so that a span
+rebuilt at full rank goes back byte for byte (keys with an f16 widening beside them: the native scorers read f16,
+int8 or 4-bit rows, not ggml blocks).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import native
+from . import kv_codec, native
 from .config import SekvConfig
 
 Q4_GROUP = 32   # channels per (scale, zero) pair of a 4-bit value row (or the largest divisor of d below it)
@@ -36,20 +41,27 @@ class Factors:
     per_token: bool = False          # which of the two ``scale`` is
     q4: np.ndarray | None = None     # uint8 [L, n_head_kv, d/2] 4-bit codes, channel 2i in the low nibble
     group: int = 0                   # q4 values: channels per (scale, zero) pair (0: per channel, as K)
+    blocks: np.ndarray | None = None  # uint8 [L, n_head_kv, head_bytes] the rows as a block-quantized cache holds
+                                      # them (``raw``: keys' f16 widening for the scorers, None for values)
+    block_type: int = 0              # blocks: their ggml type
 
     @property
     def rows_kept(self) -> bool:
-        """The rows themselves are stored (f16, int8 or 4-bit), not factors."""
-        return self.raw is not None or self.q8 is not None or self.q4 is not None
+        """The rows themselves are stored (f16, int8, 4-bit or a quantized cache's blocks), not factors."""
+        return self.raw is not None or self.q8 is not None or self.q4 is not None or self.blocks is not None
 
     @property
     def rank(self) -> int:
+        if self.blocks is not None:
+            return int(self.blocks.shape[0])
         if self.q8 is not None or self.q4 is not None:
             return int((self.q8 if self.q8 is not None else self.q4).shape[0])
         return int(self.raw.shape[0]) if self.raw is not None else int(self.us.shape[2])
 
     @property
     def nbytes(self) -> int:
+        if self.blocks is not None:
+            return self.blocks.nbytes + (self.raw.nbytes if self.raw is not None else 0)
         if self.q8 is not None or self.q4 is not None:
             return (self.q8 if self.q8 is not None else self.q4).nbytes + self.scale.nbytes
         if self.raw is not None:
@@ -58,6 +70,9 @@ class Factors:
 
     def rebuild(self) -> np.ndarray:
         """float32 [L, n_head_kv, d]."""
+        if self.blocks is not None:  # [L, Hkv, head_bytes] -> [L, Hkv, d]
+            return kv_codec.decode(self.blocks, self.block_type, self.blocks.shape[1],
+                                   kv_codec.head_dim(self.block_type, self.blocks.shape[2]))
         if self.q4 is not None:  # zero + code * scale, per channel [Hkv, d] or per token and run of channels
             n, hkv, half = self.q4.shape
             codes = np.empty((n, hkv, 2 * half), dtype=np.float32)
@@ -74,7 +89,9 @@ class Factors:
 
     def rebuild_f16(self) -> np.ndarray:
         """float16 [L, n_head_kv, d]: the rows as the device cache holds them (int8 and 4-bit rows widened
-        natively)."""
+        natively; blocks kept for a quantized cache dequantized)."""
+        if self.blocks is not None:
+            return self.raw if self.raw is not None else self.rebuild().astype(np.float16)
         if self.q4 is not None:
             return native.q4_to_f16(self.q4, self.scale, self.group)
         if self.q8 is not None:
@@ -82,6 +99,17 @@ class Factors:
         if self.raw is not None:
             return self.raw
         return native.f32_to_f16(self.rebuild())
+
+    def device_rows(self, cache_type: int) -> np.ndarray:
+        """The rows as a cache of ggml element type ``cache_type`` takes them (``KVHook.set_rows``): the kept blocks
+        when they are of that type (byte for byte), else rebuilt: quantized into the type's blocks, or f16 (an f16
+        or f32 cache; widened natively)."""
+        if self.blocks is not None and self.block_type == cache_type:
+            return self.blocks
+        if kv_codec.is_block(cache_type):
+            rows = self.rebuild()                                          # f32 [L, Hkv, d]
+            return kv_codec.encode(rows, cache_type, rows.shape[1], rows.shape[2])
+        return self.rebuild_f16()
 
 
 @dataclass
@@ -146,8 +174,14 @@ def q4_group(d: int) -> int:
     return max(g for g in range(1, min(Q4_GROUP, d) + 1) if d % g == 0)
 
 
-def stored_rows(m: np.ndarray, host_format: str, values: bool) -> Factors:
-    """Rows m f32 [L, Hkv, d] as ``host_format`` keeps them (4-bit needs an even head size; int8 otherwise)."""
+def stored_rows(m: np.ndarray, host_format: str, values: bool, blocks: np.ndarray | None = None,
+                block_type: int = 0) -> Factors:
+    """Rows m f32 [L, Hkv, d] as ``host_format`` keeps them (4-bit needs an even head size; int8 otherwise);
+    ``blocks`` uint8 [L, Hkv, head_bytes]: the same rows as a cache of ggml type ``block_type`` holds them, which
+    "f16" keeps (keys with their f16 widening for the scorers)."""
+    if host_format == "f16" and blocks is not None:
+        return Factors(us=None, vt=None, raw=None if values else m.astype(np.float16), blocks=blocks,
+                       block_type=block_type)
     if host_format == "q4" and m.shape[2] % 2 == 0:
         return quantize4(m, q4_group(m.shape[2]) if values else 0)
     if host_format in ("q4", "q8"):
@@ -155,8 +189,11 @@ def stored_rows(m: np.ndarray, host_format: str, values: bool) -> Factors:
     return Factors(us=None, vt=None, raw=m.astype(np.float16))
 
 
-def rows_nbytes(length: int, d: int, host_format: str, values: bool) -> int:
-    """Bytes per KV head of ``length`` rows of head size d as ``stored_rows`` keeps them."""
+def rows_nbytes(length: int, d: int, host_format: str, values: bool, block_type: int | None = None) -> int:
+    """Bytes per KV head of ``length`` rows of head size d as ``stored_rows`` keeps them (``block_type``: they come
+    as blocks of that ggml type)."""
+    if host_format == "f16" and block_type is not None:
+        return length * kv_codec.head_bytes(block_type, d) + (0 if values else 2 * length * d)
     if host_format == "q4" and d % 2 == 0:
         return length * d // 2 + 4 * (length * (d // q4_group(d)) if values else d)
     if host_format in ("q4", "q8"):
@@ -164,9 +201,12 @@ def rows_nbytes(length: int, d: int, host_format: str, values: bool) -> int:
     return 2 * length * d
 
 
-def factorize(mats: list[np.ndarray], config: SekvConfig, values: bool = False) -> list[Factors]:
+def factorize(mats: list[np.ndarray], config: SekvConfig, values: bool = False,
+              blocks: list[np.ndarray] | None = None, block_type: int = 0) -> list[Factors]:
     """Factors of each span's rows mats[i] f32 [L_i, n_head_kv, d] (keys, or ``values``), all from one batched
-    LAPACK call; the rows themselves (fp16 or int8, ``config.host_format``) where factors would not be smaller.
+    LAPACK call; the rows themselves (``config.host_format``, ``stored_rows``) where factors would not be smaller.
+    ``blocks[i]`` uint8 [L_i, n_head_kv, head_bytes]: span i's rows as a quantized cache of ggml type
+    ``block_type`` holds them (mats[i] their dequantized values).
 
     The SVD A = U S Vᵀ of a span (L <= span_max rows, d columns, L << d) comes from the symmetric eigenproblem of its
     Gram matrix A Aᵀ = U S² Uᵀ (numpy's stacked ``eigh``, LAPACK syevd, in float64), which is ~100x faster here than
@@ -187,8 +227,9 @@ def factorize(mats: list[np.ndarray], config: SekvConfig, values: bool = False) 
     for i, m in enumerate(mats):
         length, r = m.shape[0], int(ranks[i])
         # bytes per head: fp16 factors 2r(L + d) against the rows as stored (``rows_nbytes``)
-        if r > config.r_max or 2 * r * (length + d) >= rows_nbytes(length, d, config.host_format, values):
-            out.append(stored_rows(m, config.host_format, values))
+        kept = rows_nbytes(length, d, config.host_format, values, None if blocks is None else block_type)
+        if r > config.r_max or 2 * r * (length + d) >= kept:
+            out.append(stored_rows(m, config.host_format, values, None if blocks is None else blocks[i], block_type))
             continue
         ui = u[i, :, :length, :r]  # [Hkv, L, r]
         si = np.maximum(s[i, :, :r], 1e-30)  # [Hkv, r]

@@ -73,7 +73,7 @@ def test_streaming_logprobs_and_grammar_work(smol):
 
 
 @pytest.mark.parametrize("kwargs, what", [({"logits_all": True}, "logits_all"), ({"embedding": True}, "embedding"),
-                                          ({"lora_path": "x.gguf"}, "LoRA"), ({"type_k": 8}, "quantized")])
+                                          ({"lora_path": "x.gguf"}, "LoRA")])
 def test_what_a_compressed_memory_cannot_hold_is_refused(smol, kwargs, what):
     with pytest.raises(UnsupportedError, match=what):
         SekvLlama(smol, **kwargs)

@@ -207,6 +207,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     log = None if args.quiet else (lambda line: tqdm.write(line, file=sys.stderr))
     result = run_suite(model, cfg, ctx_config, progress=not args.quiet, log=log, router=router)
     result["params"]["threads"] = ctx_config.threads
+    result["params"]["type_k"], result["params"]["type_v"] = ctx_config.type_k, ctx_config.type_v
     result["params"]["router"] = router.label if router is not None else "training-free"
     if router is not None:
         result["params"]["verify_candidates"] = router.candidates

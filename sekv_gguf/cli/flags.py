@@ -58,16 +58,24 @@ def option(p: argparse.ArgumentParser, cls: type, name: str, *flags: str, **kwar
     p.add_argument(*(flags or ("--" + name.replace("_", "-"),)), **opts)
 
 
+# llama.cpp's flags of the K/V cache element types (``ContextConfig.type_k`` / ``type_v``), long and short
+CACHE_TYPE_FLAGS = {"type_k": ("-ctk", "--cache-type-k"), "type_v": ("-ctv", "--cache-type-v")}
+
+
 def device_args(p: argparse.ArgumentParser) -> None:
-    """Where the layers run (``ContextConfig``): llama.cpp RPC servers and how many layers are offloaded."""
+    """Where the layers run and what their KV cache holds (``ContextConfig``): llama.cpp RPC servers, how many layers
+    are offloaded, the K/V cache element types (llama.cpp's flags)."""
     option(p, ContextConfig, "rpc_servers", "--rpc", nargs=None, default=None, metavar="HOST:PORT[,...]")
     option(p, ContextConfig, "n_gpu_layers", "-ngl", "--n-gpu-layers")
     option(p, ContextConfig, "rpc_timeout_s", "--rpc-timeout", metavar="SECONDS")
+    for name, flags in CACHE_TYPE_FLAGS.items():
+        option(p, ContextConfig, name, *flags, dest=name)
 
 
 def device_config(args: argparse.Namespace) -> dict:
     """The ``ContextConfig`` fields of ``device_args``."""
-    return {"rpc_servers": args.rpc or (), "n_gpu_layers": args.n_gpu_layers, "rpc_timeout_s": args.rpc_timeout}
+    return {"rpc_servers": args.rpc or (), "n_gpu_layers": args.n_gpu_layers, "rpc_timeout_s": args.rpc_timeout,
+            "type_k": args.type_k, "type_v": args.type_v}
 
 
 # ``ServeConfig`` fields that are no flag of ``serve``: the model is its positional argument, the grace period a
@@ -77,14 +85,15 @@ SERVE_NO_FLAG = ("model", "shutdown_grace_s")
 
 # the ``ServeConfig`` fields ``chat`` takes as flags (besides the model)
 CHAT_FIELDS = ("policy", "kv_budget", "n_ctx", "prefill", "adapter", "chat_format", "threads", "rpc", "n_gpu_layers",
-               "rpc_timeout", "max_tokens")
+               "rpc_timeout", "cache_type_k", "cache_type_v", "max_tokens")
 
 
 def serve_option(p: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
     """The flag of ``ServeConfig``'s field ``name`` (``serve`` and ``chat``)."""
     from ..serve import ServeConfig
 
-    flags = {"n_gpu_layers": ("-ngl", "--n-gpu-layers")}.get(name, ())
+    flags = {"n_gpu_layers": ("-ngl", "--n-gpu-layers"), "cache_type_k": CACHE_TYPE_FLAGS["type_k"],
+             "cache_type_v": CACHE_TYPE_FLAGS["type_v"]}.get(name, ())
     extra: dict[str, Any] = {"policy": {"choices": sorted(POLICIES)}, "kv_budget": {"type": budget_arg},
                              "rpc": {"metavar": "HOST:PORT[,...]"}, "rpc_timeout": {"metavar": "SECONDS"}}.get(name, {})
     option(p, ServeConfig, name, *flags, **{**extra, **kwargs})

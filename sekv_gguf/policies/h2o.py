@@ -39,8 +39,8 @@ class H2OPolicy(EvictionPolicy):
     def update_scores(self, new: np.ndarray) -> None:
         mass = np.zeros(self.memory.pos.size, dtype=np.float32)  # [n_resident]
         for ikv in range(self.n_layer):
-            k, _ = self.hook.get_rows(ikv, self.memory.cell)  # f16 [n_resident, Hkv, d]
-            native.attn_mass(self.hook.query(ikv), k, mass)
+            k, _ = self.hook.get_values(ikv, self.memory.cell)  # [n_resident, Hkv, d] numbers
+            native.attn_mass(self.hook.query(ikv), k.astype(np.float16, copy=False), mass)
         self.memory.score += mass
 
     def victims(self, k: int, candidates: np.ndarray) -> np.ndarray:

@@ -25,7 +25,8 @@ import llama_cpp
 import numpy as np
 
 from ..config import BudgetConfig, ContextConfig, SekvConfig
-from ..errors import BudgetError
+from ..errors import AdapterError, BudgetError
+from ..hook import KVInfo
 from ..router import Router, training_free
 from ..segment import RaritySegmenter, Segmenter
 from ..session import Session, swa_ubatch
@@ -86,12 +87,16 @@ class SekvPolicy(Policy):
         layer = hook.layers[0]
         if hasattr(router, "check"):  # a trained router must fit this cache's layers and heads
             router.check(hook.model_layers, layer.n_head, layer.n_head_kv, layer.head_dim_k)
+            if hook.info.rot_k:
+                raise AdapterError(f"a trained router adapter scores keys in the model's own basis, and this "
+                                  f"{KVInfo.type_name(hook.info.type_k)} K cache holds them Hadamard-rotated "
+                                  "(llama.cpp's attn_rot_k): use type_k f16 or a training-free router")
         hook.enable_query_capture()
         if not plan.fits:
             hook.enable_bias()
         self.routing = SpanRouting(router, config)
         store = SpanStore(hook.info.n_layer_kv, layer.n_head_kv, layer.head_dim_k, config, router.sketch,
-                          router.reads)
+                          router.reads, kv_types=(hook.info.type_k, hook.info.type_v))
         self.memory = SekvMemory(self.session, plan, config, segmenter, store,
                                  n_context, summary_rows, on_irreversible=self.irreversible)
         self._init_done()

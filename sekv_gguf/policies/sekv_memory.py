@@ -225,7 +225,7 @@ class SekvMemory:
             free = self.free_cells(len(positions))
             hook.claim(free, [int(p[-1]) for p in positions])
             for ikv, (k_sum, v_sum) in enumerate(summaries):
-                hook.set_rows(ikv, free, k_sum, v_sum)
+                hook.set_values(ikv, free, k_sum, v_sum)  # quantized on the way into a quantized cache
             hook.set_bias_cells(-1, free, np.log(self.store.lengths[first:]))
             self.store.place_summaries(first, free)
         if self.zoom.slots.size == 0 and self.plan.n_zoom > 0:

@@ -119,7 +119,7 @@ class SemantiCachePolicy(StreamedPolicy):
         n_cores = [max(1, int(self.ratio * g.size)) for g in groups]
         rows_k, rows_v, bias = [], [], []  # per layer: f16 [sum cores, Hkv*d] and f32 [sum cores]
         for ikv in range(self.n_layer):
-            k, v = self.hook.get_rows(ikv, all_cells)  # f16 [n, Hkv, d]
+            k, v = self.hook.get_values(ikv, all_cells)  # [n, Hkv, d] numbers (blocks dequantized)
             kf = k.reshape(k.shape[0], -1).astype(np.float32)  # [n, Hkv*d]
             vf = v.reshape(v.shape[0], -1).astype(np.float32)
             ks, vs, bs = [], [], []
@@ -149,7 +149,7 @@ class SemantiCachePolicy(StreamedPolicy):
         positions = np.repeat([int(self.memory.window.pos[int(g[-1])]) for g in groups], n_cores)
         self.hook.claim(free, positions)
         for ikv in range(self.n_layer):
-            self.hook.set_rows(ikv, free, rows_k[ikv], rows_v[ikv])
+            self.hook.set_values(ikv, free, rows_k[ikv], rows_v[ikv])  # quantized into a quantized cache
             self.hook.set_bias_cells(ikv, free, bias[ikv])
         self.memory.cores += total
         self.memory.merged_tokens += int(all_cells.size)

@@ -74,7 +74,8 @@ class SnapKVPolicy(EvictionPolicy):
                 self.notify()
             prefix_cells = full.hook.cells_of(n_prefix)
             votes = np.zeros((self.n_layer, n_prefix), dtype=np.float32)  # [n_layer, n_prefix]
-            keys = [full.hook.get_rows(ikv, prefix_cells)[0] for ikv in range(self.n_layer)]  # f16 [n, Hkv, d]
+            keys = [full.hook.get_values(ikv, prefix_cells)[0].astype(np.float16, copy=False)
+                    for ikv in range(self.n_layer)]  # f16 [n, Hkv, d]
 
             def vote(k: int, logits: np.ndarray) -> None:  # the observation window's queries vote on the prefix
                 for ikv in range(self.n_layer):

@@ -39,7 +39,7 @@ class ZoomSlots:
         if not resident:
             return {}
         idx = np.concatenate(list(resident.values()))                 # [n] slot indices, span after span
-        k, _ = self.hook.get_rows(ikv, self.slots[idx])                # [n, Hkv, d] in the cache type
+        k, _ = self.hook.get_values(ikv, self.slots[idx])              # [n, Hkv, d] numbers (blocks dequantized)
         k = k.astype(np.float16, copy=False)
         cut = np.cumsum([0] + [i.size for i in resident.values()])
         return {sid: k[cut[j]:cut[j + 1]] for j, sid in enumerate(resident)}
@@ -113,8 +113,9 @@ class ZoomSlots:
             idx = free[: span.length]
             taken[idx] = True
             cells = self.slots[idx]
-            k = span.k[ikv].rebuild_f16().reshape(span.length, -1)       # [L, Hkv*d] f16
-            v = span.v[ikv].rebuild_f16().reshape(span.length, -1)
+            # [L, Hkv, d] f16, or a quantized cache's blocks (kept ones byte for byte)
+            k = span.k[ikv].device_rows(hook.info.type_k)
+            v = span.v[ikv].device_rows(hook.info.type_v)
             hook.set_rows(ikv, cells, k, v)
             hook.set_bias_cells(ikv, cells, 0.0)
             if span.summary_cell >= 0:

@@ -18,7 +18,8 @@ def load_llm(cfg: ServeConfig) -> Any:
     return SekvLlama(path, policy=cfg.policy, kv_budget=cfg.kv_budget, n_ctx=cfg.n_ctx, prefill=cfg.prefill,
                      adapter=cfg.adapter, chat_format=cfg.chat_format, n_threads=cfg.threads or None,
                      memories=MemoryConfig(memories=cfg.memories), rpc_servers=cfg.rpc,
-                     n_gpu_layers=cfg.n_gpu_layers, rpc_timeout_s=cfg.rpc_timeout)
+                     n_gpu_layers=cfg.n_gpu_layers, rpc_timeout_s=cfg.rpc_timeout, type_k=cfg.cache_type_k,
+                     type_v=cfg.cache_type_v)
 
 
 def serve(cfg: ServeConfig, log: Callable[[str], None] | None = None) -> int:

@@ -7,7 +7,7 @@ import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from ..config import BudgetConfig, ContextConfig, SekvConfig, setting
+from ..config import KV_TYPES, BudgetConfig, ContextConfig, SekvConfig, setting
 from ..endpoints import parse_endpoints
 from ..errors import InputFileError
 from ..memory import MemoryConfig
@@ -43,6 +43,9 @@ class ServeConfig:
     n_gpu_layers: int = setting(-1, "layers offloaded to the RPC servers / GPUs (-1: all)")
     rpc_timeout: float = setting(ContextConfig.rpc_timeout_s, "an RPC call with no answer for this many seconds "
                                                               "fails (0: wait forever)")
+    cache_type_k: str = setting("f16", "K cache element type (ContextConfig.type_k)", choices=tuple(KV_TYPES))
+    cache_type_v: str = setting("f16", "V cache element type (ContextConfig.type_v; q8_0 / q4_0 need flash "
+                                       "attention, on in SekvLlama)", choices=tuple(KV_TYPES))
     expose: bool = setting(False, "allow --host to be an address other machines can reach (required for any but "
                                   "the loopback)")
     shutdown_grace_s: float = setting(10.0, "on SIGTERM, how long a running stream may take to send its last chunk")
@@ -51,6 +54,10 @@ class ServeConfig:
         if self.max_tokens < 1 or not 0 < self.port < 65536 or self.threads < 0 or self.memories < 1:
             raise ValueError(f"need max_tokens >= 1, a port in 1..65535, threads >= 0, memories >= 1; got {self}")
         BudgetConfig(kv_budget=self.kv_budget)  # validates
+        for name in ("cache_type_k", "cache_type_v"):
+            if getattr(self, name) not in KV_TYPES:
+                raise ValueError(f"{name} must be one of the K/V cache types {', '.join(KV_TYPES)}, got "
+                                 f"{getattr(self, name)!r}")
         if self.n_ctx < 0 or not self.shutdown_grace_s >= 0 or not self.rpc_timeout >= 0:
             raise ValueError(f"need n_ctx >= 0, shutdown_grace_s >= 0 and rpc_timeout >= 0; got {self.n_ctx}, "
                              f"{self.shutdown_grace_s}, {self.rpc_timeout}")

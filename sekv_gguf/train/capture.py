@@ -83,7 +83,7 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
         n_layer = s.hook.info.n_layer_kv
         layer = s.hook.layers[0]
         n_head, n_head_kv, group = layer.n_head, layer.n_head_kv, layer.n_head // layer.n_head_kv
-        keys_all = [s.hook.get_rows(ikv, s.hook.cells_of(n_pre))[0].astype(np.float64)
+        keys_all = [s.hook.get_values(ikv, s.hook.cells_of(n_pre))[0].astype(np.float64)
                     for ikv in range(n_layer)]  # [n_pre, Hkv, d] per layer
         summaries = [np.stack([weighted_mean(k[g], surp[g]) for g in spans]).astype(np.float64)
                      for k in keys_all]  # [S, Hkv, d]
@@ -95,7 +95,7 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
             t = n_pre + n_done - 1
             cell = s.hook.cells_from(t)  # [1] the token just decoded
             for ikv in range(n_layer):
-                k_new = s.hook.get_rows(ikv, cell)[0].astype(np.float64)  # [1, Hkv, d]
+                k_new = s.hook.get_values(ikv, cell)[0].astype(np.float64)  # [1, Hkv, d]
                 keys_all[ikv] = np.concatenate([keys_all[ikv], k_new])
                 q = s.hook.query(ikv).astype(np.float64)  # [H, d]
                 k = keys_all[ikv][:, np.arange(n_head) // group, :]  # [t+1, H, d]
