@@ -16,7 +16,7 @@ from typing import Literal, Union
 import gguf
 import numpy as np
 
-from .tiny_models import TinySpec, add_vocab, vocab
+from .tiny_models import TinySpec, add_vocab, finish, vocab
 
 T = gguf.MODEL_TENSOR
 K = gguf.Keys
@@ -358,12 +358,7 @@ def write_arch(path: str | Path, a: ArchSpec) -> Path:
     n_vocab = add_vocab(w)
     for key, value in _keys(a, _dims(a, n_vocab)).items():
         _add_key(w, key.format(arch=a.name), value)
-    for tensor_name, arr in tensors.items():
-        w.add_tensor(tensor_name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w, tensors)
     return p
 
 

@@ -136,13 +136,18 @@ def _write(path: Path, arch: str, spec: TinySpec, gemma: bool) -> Path:
         w.add_sliding_window(spec.swa_window)
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", spec.swa_pattern)
     n_vocab = add_vocab(w)
-    for name, arr in _weights(spec, n_vocab, gemma).items():
+    finish(w, _weights(spec, n_vocab, gemma))
+    return path
+
+
+def finish(w: gguf.GGUFWriter, tensors: dict[str, np.ndarray]) -> None:
+    """Add ``tensors`` (name -> array) to ``w`` and write the whole file."""
+    for name, arr in tensors.items():
         w.add_tensor(name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
 
 
 def write_tiny_llama(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
