@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sekv_gguf.models import default_chat_model_path, default_model_path
+from sekv_gguf.models import default_model_path, smollm2_path
 from sekv_gguf.provenance import envelope
 from sekv_gguf.ruler_tasks import stdlib_prose
 from sekv_gguf.session import load_model
@@ -64,7 +64,7 @@ def main() -> int:
     ap.add_argument("--model", help="GGUF model (default: Gemma 3 270M; \"smollm2\": the chat default)")
     ap.add_argument("--out", default="bench/peak-28k")
     args = ap.parse_args()
-    model = str(default_chat_model_path() if args.model == "smollm2" else args.model or default_model_path())
+    model = str(smollm2_path() if args.model == "smollm2" else args.model or default_model_path())
     os.environ["SEKV_THREADS"] = str(args.threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from .errors import InputFileError
+from .sampling import Sampling
 from .textfile import read_text
 
 HELP = "commands: /reset  /stats  /file PATH  /quit"
@@ -25,8 +26,9 @@ def _stats_line(llm: Any) -> str:
 
 
 def run_chat(llm: Any, stdin: TextIO, stdout: TextIO, max_tokens: int, system: str | None = None,
-             prompt: Callable[[], None] | None = None) -> int:
-    """Read user lines from ``stdin`` until EOF or /quit; stream each answer to ``stdout``."""
+             prompt: Callable[[], None] | None = None, sampler: Sampling = Sampling()) -> int:
+    """Read user lines from ``stdin`` until EOF or /quit; stream each answer to ``stdout`` (sampled with
+    ``sampler``)."""
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     start = list(messages)
     stdout.write(HELP + "\n")
@@ -66,7 +68,8 @@ def run_chat(llm: Any, stdin: TextIO, stdout: TextIO, max_tokens: int, system: s
         messages.append({"role": "user", "content": text})
         reply = []
         try:
-            for chunk in llm.create_chat_completion(messages, stream=True, max_tokens=max_tokens):
+            for chunk in llm.create_chat_completion(messages, stream=True, max_tokens=max_tokens,
+                                                    **sampler.kwargs()):
                 piece = chunk["choices"][0]["delta"].get("content") or ""
                 reply.append(piece)
                 stdout.write(piece)

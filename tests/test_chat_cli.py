@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from helpers import prose
+from sekv_gguf.models import smollm2_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,8 +17,8 @@ def test_chat_streams_answers_keeps_the_memory_and_takes_commands(tmp_path):
     doc.write_text(prose(1500, 900))
     script = "\n".join(["Hello!", f"/file {doc}", "What are the notes about?", "/stats", "/reset", "/stats",
                         "Bye.", "/quit"]) + "\n"
-    r = subprocess.run([sys.executable, "-m", "sekv_gguf", "chat", "--kv-budget", "512", "--n-ctx", "4096",
-                        "--max-tokens", "12"], input=script, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "sekv_gguf", "chat", str(smollm2_path()), "--kv-budget", "512",
+                        "--n-ctx", "4096", "--max-tokens", "12"], input=script, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     assert any(line.startswith("(added notes.txt") for line in out)

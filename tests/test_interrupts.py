@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import prose
+from sekv_gguf.models import smollm2_path
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
@@ -77,8 +78,8 @@ def test_ctrl_c_in_run(tiny_llama: Path, tmp_path: Path, phase: str):
 
 
 def test_ctrl_c_in_chat():
-    """On the default chat model (SmolLM2-135M-Instruct): a random model's bytes may never form UTF-8 text to show."""
-    proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "chat", "--max-tokens", "2000"],
+    """On SmolLM2-135M-Instruct: a random model's bytes may never form UTF-8 text to show."""
+    proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "chat", str(smollm2_path()), "--max-tokens", "2000"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
                             preexec_fn=_sigint_default)
     try:

@@ -9,12 +9,12 @@ import pytest
 from helpers import prose
 from sekv_gguf.config import SekvConfig
 from sekv_gguf.llm import SekvLlama, UnsupportedError
-from sekv_gguf.models import default_chat_model_path
+from sekv_gguf.models import smollm2_path
 
 
 @pytest.fixture(scope="module")
 def smol() -> str:
-    return str(default_chat_model_path())
+    return str(smollm2_path())
 
 
 def test_full_policy_generates_exactly_what_stock_llama_does(smol):

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from helpers import free_port, prose, start_server
+from sekv_gguf.models import smollm2_path
 
 pytestmark = pytest.mark.serve
 
@@ -101,8 +102,8 @@ def test_api_key_is_required_when_set():
 
 
 def test_listening_beyond_the_loopback_needs_expose_and_warns():
-    out = subprocess.run([sys.executable, "-m", "sekv_gguf", "serve", "--host", "0.0.0.0", "--port",
-                          str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "sekv_gguf", "serve", str(smollm2_path()), "--host", "0.0.0.0",
+                          "--port", str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "--expose" in out.stderr and "Traceback" not in out.stderr, out.stderr
     proc, _ = start_server("--host", "0.0.0.0", "--expose", "--max-tokens", "4")
     proc.terminate()

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import llama_cpp
 from tqdm import tqdm
 
-from .. import auto_budget, rpc, support
+from .. import auto_budget, rpc, sampling, support
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..documents import default_prompt
 from ..engine import RunResult, generate, make_policy
@@ -184,8 +184,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     cfg = ServeConfig(model=args.model, **{name: getattr(args, name) for name in CHAT_FIELDS})
     llm = load_llm(cfg)
     try:
+        sampler = sampling.for_model(llm.metadata, **{f.name: getattr(args, f.name)
+                                                      for f in dataclasses.fields(sampling.Sampling)})
         prompt = (lambda: print("> ", end="", file=sys.stderr, flush=True)) if sys.stdin.isatty() else None
-        return run_chat(llm, sys.stdin, sys.stdout, cfg.max_tokens, args.system, prompt)
+        return run_chat(llm, sys.stdin, sys.stdout, cfg.max_tokens, args.system, prompt, sampler)
     finally:
         llm.close()
 

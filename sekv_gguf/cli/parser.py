@@ -8,6 +8,7 @@ import dataclasses
 
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..policies import POLICIES
+from ..sampling import Sampling
 from .flags import (CHAT_FIELDS, EVAL_FLAGS, RUN_N_PREDICT, SERVE_NO_FLAG, TRAIN_HELP, budget_or_auto, device_args,
                     field_help, option, serve_option)
 
@@ -88,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in CHAT_FIELDS:
         serve_option(ch, name, **({"help": "reply tokens per turn"} if name == "max_tokens" else {}))
     ch.add_argument("--system", help="a system message")
+    for flag, name, kind in (("--temp", "temperature", float), ("--top-k", "top_k", int), ("--top-p", "top_p", float),
+                             ("--min-p", "min_p", float), ("--repeat-penalty", "repeat_penalty", float)):
+        ch.add_argument(flag, dest=name, type=kind, help=f"sampler {name} (default: the model's recommended setting, "
+                                                          f"else llama.cpp's {getattr(Sampling(), name)})")
 
     info = sub.add_parser("info", help="print the KV hook's view of a model's context")
     info.add_argument("model", nargs="?", help=model_help)

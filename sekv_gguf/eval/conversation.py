@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..documents import stdlib_prose
-from ..models import default_chat_model_path, default_model_path
+from ..models import default_model_path, qwen_coder_path, smollm2_path
 
 SYSTEM = "You answer questions about the document the user gives."
 QUESTIONS = ["What is this document about?", "Which module is described first?", "Name one function it mentions.",
@@ -16,7 +16,8 @@ QUESTIONS = ["What is this document about?", "Which module is described first?",
              "Which part was the longest?", "Name a class from the text.", "What is its purpose?",
              "Thank you. Any last remark?"]
 # name -> (where its GGUF is, its chat format)
-MODELS: dict[str, tuple[Callable[[], Path], str | None]] = {"smollm2": (default_chat_model_path, None),
+MODELS: dict[str, tuple[Callable[[], Path], str | None]] = {"smollm2": (smollm2_path, None),
+                                                            "qwen-coder": (qwen_coder_path, None),
                                                             "gemma": (default_model_path, "gemma")}
 
 

