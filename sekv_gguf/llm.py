@@ -163,7 +163,8 @@ class SekvLlama(llama_cpp.Llama):
                                    rpc_timeout_s=rpc_timeout_s, repack_weights=repack_weights, verbose=verbose)
         budget = BudgetConfig(kv_budget=kv_budget, chunk=n_batch)
         params = (sekv or SekvConfig(prefill=prefill)) if policy == "sekv" else None
-        router = TrainedRouter.from_file(adapter, model_path) if adapter else None
+        # ``adapter``, else the router the model file carries (adapter.embed)
+        router = TrainedRouter.of_model(adapter, model_path, self.metadata) if policy == "sekv" else None
         mem = memories or MemoryConfig()
         self.memories = Memories(
             lambda: make_policy(policy, self._model, logical, ctx_config, budget, params, router),

@@ -255,6 +255,19 @@ class TrainedRouter(TwoStageRouter):
         a.check_model(model_identity(model_path), str(path))
         return cls(a, Path(path).name, candidates)
 
+    @classmethod
+    def of_model(cls, adapter_path: str | Path | None, model_path: str | Path, metadata: dict[str, str],
+                 candidates: int = SekvConfig.verify_candidates) -> "TrainedRouter | None":
+        """The router of the adapter file ``adapter_path``; without one, the router the model carries in its
+        metadata (``adapter.embed``); else None. Either is refused unless trained for this model."""
+        if adapter_path:
+            return cls.from_file(adapter_path, model_path, candidates)
+        from .adapter.embed import carries_router, read_embedded
+
+        if not carries_router(metadata):
+            return None
+        return cls(read_embedded(model_path), Path(model_path).name, candidates)
+
     def check(self, model_layers: list[int], n_head: int, n_head_kv: int, head_dim: int) -> None:
         """Refuse a hooked cache of other layers or head shapes than the adapter's."""
         a = self.adapter

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from gguf import GGUFValueType, GGUFWriter
@@ -80,25 +80,29 @@ _BASE_FIELDS = ((K.BASE_NAME, _STR, "name"), (K.BASE_N_LAYER, _U32, "n_layer"), 
                 (K.BASE_N_PARAMS, _U64, "n_params"))
 
 
+def adapter_metadata(a: RouterAdapter) -> list[tuple[str, Any, GGUFValueType]]:
+    """The adapter's keys and values (its fields, base model identity, feature names, provenance), as written into
+    an adapter file and into a model that carries its router (``embed``)."""
+    kv: list[tuple[str, Any, GGUFValueType]] = [(K.VERSION, K.FORMAT_VERSION, _U32),
+                                                 (K.FEATURES, list(NAMES), _ARRAY)]
+    for obj, fields in ((a, _FIELDS), (a.base, _BASE_FIELDS)):
+        kv += [(key, _AS[vtype](getattr(obj, attr)), vtype) for key, vtype, attr in fields]
+    for k, v in a.train.items():
+        vtype = (_STR if isinstance(v, (bool, str)) else GGUFValueType.INT64 if isinstance(v, int)
+                 else GGUFValueType.FLOAT64)
+        kv.append((K.TRAIN_PREFIX + k, str(v) if vtype == _STR else v if vtype != GGUFValueType.FLOAT64 else float(v),
+                   vtype))
+    return kv
+
+
 def write_adapter(path: str | Path, a: RouterAdapter) -> Path:
     path = Path(path)
     w = GGUFWriter(str(path), a.base.architecture)
     w.add_string(K.GENERAL_TYPE, K.TYPE_ADAPTER)
     w.add_string(K.GENERAL_NAME, f"sekv router for {a.base.name or a.base.architecture}")
     w.add_string(K.ADAPTER_TYPE, K.TYPE_SEKV_ROUTER)
-    w.add_uint32(K.VERSION, K.FORMAT_VERSION)
-    w.add_array(K.FEATURES, list(NAMES))
-    for obj, fields in ((a, _FIELDS), (a.base, _BASE_FIELDS)):
-        for key, vtype, attr in fields:
-            w.add_key_value(key, _AS[vtype](getattr(obj, attr)), vtype)
-    for k, v in a.train.items():
-        key = K.TRAIN_PREFIX + k
-        if isinstance(v, bool) or isinstance(v, str):
-            w.add_string(key, str(v))
-        elif isinstance(v, int):
-            w.add_int64(key, v)
-        else:
-            w.add_float64(key, float(v))
+    for key, value, vtype in adapter_metadata(a):
+        w.add_key_value(key, value, vtype)
     for i, layer in enumerate(a.layers):
         for attr, template in K.TENSORS.items():
             w.add_tensor(template.format(layer=layer), np.ascontiguousarray(getattr(a, attr)[i], dtype=np.float32))
@@ -145,6 +149,21 @@ def _parse(reader: StrictGGUFReader, path: Path) -> RouterAdapter:
     if kind is None or kind.contents() != K.TYPE_ADAPTER or atype is None or atype.contents() != K.TYPE_SEKV_ROUTER:
         raise AdapterError(f"{path} is not a SeKV router adapter (general.type "
                            f"{kind.contents() if kind else None!r}, adapter.type {atype.contents() if atype else None!r})")
+    tensors = {t.name: t for t in reader.tensors}
+
+    def weight(attr: str, layer: int) -> np.ndarray:
+        name = K.TENSORS[attr].format(layer=layer)
+        if name not in tensors:
+            raise AdapterError(f"{path}: missing tensor {name!r}")
+        return np.array(tensors[name].data, dtype=np.float32)  # a copy: the mmap may close
+
+    return parse_router(reader, path, weight)
+
+
+def parse_router(reader: StrictGGUFReader, path: Path,
+                 weight: Callable[[str, int], np.ndarray]) -> RouterAdapter:
+    """The adapter whose keys ``reader`` holds, its weights from ``weight(attribute, layer)`` (any shape with the
+    right number of values: reshaped here)."""
     version = int(_get(reader, K.VERSION, path))
     if version != K.FORMAT_VERSION:
         raise AdapterError(f"{path}: adapter format version {version}, this sekv_gguf reads {K.FORMAT_VERSION}")
@@ -154,18 +173,11 @@ def _parse(reader: StrictGGUFReader, path: Path) -> RouterAdapter:
     names = [str(x) for x in _get(reader, K.FEATURES, path)]
     if names != list(NAMES):
         raise AdapterError(f"{path}: router features {names}, this sekv_gguf computes {list(NAMES)}")
-    tensors = {t.name: t for t in reader.tensors}
-    weights: dict[str, list[np.ndarray]] = {attr: [] for attr in K.TENSORS}
-    for layer in fields["layers"]:
-        for attr, template in K.TENSORS.items():
-            name = template.format(layer=layer)
-            if name not in tensors:
-                raise AdapterError(f"{path}: missing tensor {name!r}")
-            weights[attr].append(np.array(tensors[name].data, dtype=np.float32))  # a copy: the mmap may close
-    # gguf stores shapes innermost-first; the reader's data comes back in numpy order
+    # gguf stores shapes innermost-first; the weights come back in numpy order
     n_head, proj, head_dim = fields["n_head"], fields["proj_dim"], fields["head_dim"]
     shapes = {"w": (n_head, proj, head_dim), "b": (-1,), "tau": (-1,), "theta": (n_head, N_FEATURES)}
-    weights = {attr: [x.reshape(shapes[attr]) for x in xs] for attr, xs in weights.items()}
+    weights = {attr: [weight(attr, layer).reshape(shape) for layer in fields["layers"]]
+               for attr, shape in shapes.items()}
     train = {f.name[len(K.TRAIN_PREFIX):]: f.contents() for f in reader.fields.values()
              if f.name.startswith(K.TRAIN_PREFIX)}
     return RouterAdapter(base=base, **fields, **weights, train=train)

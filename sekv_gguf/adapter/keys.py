@@ -42,3 +42,8 @@ TENSORS = {
     "tau": "blk.{layer}.sekv_router_tau",      # f32 [n_head] zoom thresholds
     "theta": "blk.{layer}.sekv_router_theta",  # f32 [n_head, n_features] weights of the span features
 }
+
+# a model that carries its router (``embed``): the adapter's keys above in the model's own metadata, and per hooked
+# layer its weights as f32 arrays under these keys (llama.cpp ignores keys it does not know; an extra tensor it
+# would refuse)
+EMBEDDED = {attr: "sekv.router.blk.{layer}." + attr for attr in TENSORS}

@@ -121,9 +121,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = (SekvConfig(prefill=args.prefill, chunk_routing=args.chunk_routing, signal=args.signal,
                          host_format=args.host_format)
               if args.policy == "sekv" else None)
-    router = TrainedRouter.from_file(args.adapter, path) if args.adapter else None
-    if router is not None and args.policy != "sekv":
+    if args.adapter and args.policy != "sekv":
         raise ValueError(f"--adapter is a router for the sekv policy, not for {args.policy}")
+    # --adapter, else the router the model file carries (adapter.embed), for sekv
+    router = TrainedRouter.of_model(args.adapter, path, model.metadata()) if args.policy == "sekv" else None
     progress = Progress(len(tokens), args.policy, disable=args.quiet)
     policy = make_policy(args.policy, model, n_context, ctx_config, budget, params, router, progress.observe)
     try:

@@ -129,7 +129,9 @@ TRAIN_HELP = {"out": "adapter file to write", "docs": "training documents", "tok
               "budget_weight": "weight of the loss's budget term (share of span tokens zoomed)",
               "epochs": "passes over the documents per head", "proj_dim": "router projection size P", "seed": "",
               "captures": "directory for the captured teacher data (default: under ~/.cache)",
-              "threads": "llama.cpp threads (0: half the logical cores)"}
+              "threads": "llama.cpp threads (0: half the logical cores)",
+              "embed": "also write a copy of the model that carries the router in its metadata (run, serve and "
+                       "SekvLlama then use it without --adapter)"}
 
 
 def sekv_overrides(items: list[str]) -> dict:

@@ -14,6 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..adapter import RouterAdapter, model_identity, write_adapter
+from ..adapter.embed import embed_adapter
 from ..config import ContextConfig, SekvConfig, cache_root, round_cells
 from ..provenance import commit
 from ..session import Session, load_model
@@ -34,6 +35,7 @@ class TrainRun:
     seed: int = 0
     captures: str | None = None
     threads: int = 0
+    embed: str | None = None  # also write a copy of the model that carries the router (adapter.embed)
 
     def __post_init__(self) -> None:
         if self.docs < 1 or self.tokens < 1024 or self.budget_weight < 0:
@@ -84,6 +86,8 @@ def train(model_path: str, run: TrainRun, progress: bool = True) -> dict[str, An
                "loss_after": result["loss_after"], "capture_s": capture_s, "train_s": result["train_s"],
                "commit": commit(), "corpus": "stdlib docs (not the eval's modules) + filler needles"})
     write_adapter(run.out, adapter)
-    return {"adapter": run.out, "params": adapter.n_params, "param_share": adapter.param_share,
+    if run.embed:
+        embed_adapter(model_path, adapter, run.embed)
+    return {"adapter": run.out, "embedded": run.embed, "params": adapter.n_params, "param_share": adapter.param_share,
             "loss_before": result["loss_before"], "loss_after": result["loss_after"], "capture_s": capture_s,
             "train_s": result["train_s"], "total_s": time.perf_counter() - t0, "captures": str(cache)}
