@@ -134,3 +134,28 @@ def test_multiturn_cases_go_through_the_lifecycle_api(llama_model):
     full = next(r for r in result["cases"] if r["policy"] == "full")
     sekv = next(r for r in result["cases"] if r["policy"] == "sekv")
     assert sekv["host_kv_bytes"] > 0 and sekv["device_kv_bytes"] < full["device_kv_bytes"]
+
+
+def test_fidelity_on_code_and_tables_reports_llama_perplexity_figures(llama_model):
+    """Fidelity documents of each corpus (Python's own sources and Unicode tables), per-token KL pooled per
+    (policy, budget, corpus): median and 99th percentile beside the mean, over every scored token."""
+    from sekv_gguf.eval.corpora import CORPORA
+
+    texts = {c: CORPORA[c]() for c in ("code", "tables")}
+    assert "def " in texts["code"] and "| U+" in texts["tables"]
+    assert "U+0021,!,EXCLAMATION MARK" in texts["tables"] and 'U+002C,",",COMMA' in texts["tables"]  # CSV, quoted
+    cfg = EvalConfig(policies=("full", "streaming"), budgets=(0.25,), tasks=("niah_number",), lengths=(1024,),
+                     haystacks=("prose",), samples=0, fidelity_docs=2, fidelity_steps=8,
+                     fidelity_corpora=("code", "tables"))
+    result = run_suite(llama_model, cfg, progress=False)
+    assert {r["corpus"] for r in result["fidelity"]} == {"code", "tables"} and len(result["fidelity"]) == 4
+    for corpus in ("code", "tables"):
+        s = result["summary"]["fidelity_by_corpus"][corpus]["streaming@0.25"]
+        rows = [r for r in result["fidelity"] if r["corpus"] == corpus]
+        kls = np.concatenate([r["kls"] for r in rows])
+        assert s["n_tokens"] == 16 == kls.size and s["kl_median"] == pytest.approx(float(np.median(kls)))
+        assert s["kl_median"] <= s["kl_p99"] <= kls.max() and s["kl_p99"] > 0
+    assert result["summary"]["fidelity"] == result["summary"]["fidelity_by_corpus"]["code"]
+    assert "KL p99" in table(result | {"model": "tiny"})
+    with pytest.raises(ValueError, match="fidelity corpora"):
+        EvalConfig(fidelity_corpora=("poetry",))

@@ -117,6 +117,9 @@ EVAL_FLAGS: dict[str, dict[str, Any]] = {
     "n_predict": {"flags": ("-n", "--n-predict"), "help": "tokens generated per case"},
     "fidelity_docs": {"help": "natural-text documents per length"},
     "fidelity_steps": {"help": "teacher-forced tokens per document"},
+    "fidelity_corpora": {"choices": ["prose", "code", "tables"],
+                         "help": "running text of the fidelity documents: prose, code and/or tables (all shipped with "
+                                 "Python: docstrings, module sources, the Unicode database as CSV/Markdown)"},
     "seed": {"help": "first task seed"},
     "depths": {"metavar": "FRACTION", "help": "pin the needle depth: sample s at DEPTHS[s %% len(DEPTHS)] (default: "
                                               "each seed draws one)"},

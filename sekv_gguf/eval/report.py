@@ -101,8 +101,8 @@ def table(doc: dict[str, Any]) -> str:
     """A markdown table: per policy@budget, accuracy per task and overall, KL and top-1 agreement."""
     acc, fid = doc["summary"]["accuracy"], doc["summary"]["fidelity"]
     tasks = list(doc["params"]["tasks"])
-    head = "| policy | " + " | ".join(tasks) + " | all | KL | top-1 |"
-    lines = [head, "|" + "---|" * (len(tasks) + 4)]
+    head = "| policy | " + " | ".join(tasks) + " | all | KL | KL median | KL p99 | top-1 |"
+    lines = [head, "|" + "---|" * (len(tasks) + 6)]
     order = {p: i for i, p in enumerate(doc["params"]["policies"])}
 
     def rank(k: str) -> tuple[int, float]:
@@ -111,8 +111,8 @@ def table(doc: dict[str, Any]) -> str:
 
     for k, row in sorted(acc.items(), key=lambda kv: rank(kv[0])):
         f = fid.get(k, {})
-        kl = f"{f['kl_mean']:.3f}" if f else "—"
+        kl, med, p99 = (f"{f[n]:.3f}" if n in f else "—" for n in ("kl_mean", "kl_median", "kl_p99"))
         top1 = f"{f['top1_agreement']:.2f}" if f else "—"
         lines.append(f"| {k} | " + " | ".join(f"{row.get(t, float('nan')):.2f}" for t in tasks)
-                     + f" | {row['all']:.2f} | {kl} | {top1} |")
+                     + f" | {row['all']:.2f} | {kl} | {med} | {p99} | {top1} |")
     return "\n".join(lines)

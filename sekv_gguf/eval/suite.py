@@ -12,12 +12,12 @@ from tqdm import tqdm
 
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..decode import decode_loop, greedy
-from ..documents import stdlib_prose
 from ..engine import generate, make_policy
 from ..errors import SekvError
 from ..policies import POLICIES
 from ..policies.prefill import ExactPasses
-from .fidelity import forced_logits, teacher_forced
+from .corpora import CORPORA
+from .fidelity import KL_TAIL, forced_logits, teacher_forced
 from .tasks import PINNED_DEPTH_TASKS, TASKS, make_case, score
 
 DEFAULT_POLICIES = tuple(POLICIES)  # all of them: full, the baselines, sekv
@@ -46,6 +46,7 @@ class EvalConfig:
     n_predict: int = 24  # at least; a case that needs more (``meta["max_new_tokens"]``) gets more
     fidelity_docs: int = 1
     fidelity_steps: int = 64
+    fidelity_corpora: tuple[str, ...] = ("prose",)  # running text of the fidelity documents (eval.corpora)
     seed: int = 0
     depths: tuple[float, ...] = ()
     sekv: dict[str, Any] = field(default_factory=dict)  # SekvConfig overrides
@@ -70,6 +71,9 @@ class EvalConfig:
             raise ValueError("n_predict and fidelity_steps must be >= 1, samples and fidelity_docs >= 0")
         if self.samples == 0 and self.fidelity_docs == 0:
             raise ValueError("nothing to run: samples 0 (fidelity only) needs fidelity_docs >= 1")
+        bad_c = [c for c in self.fidelity_corpora if c not in CORPORA]
+        if bad_c or not self.fidelity_corpora:
+            raise ValueError(f"fidelity corpora are {', '.join(CORPORA)}, got {list(self.fidelity_corpora)}")
         bad_h = [h for h in self.haystacks if h not in ("prose", "filler")]
         if bad_h or not self.haystacks:
             raise ValueError(f"haystacks are 'prose' and/or 'filler', got {list(self.haystacks)}")
@@ -115,7 +119,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
     count = lambda text: len(tokenize(text))  # noqa: E731
     runs = _runs(cfg)
     n_cases = len(cfg.lengths) * len(cfg.tasks) * len(cfg.haystacks) * cfg.samples
-    n_fid = len(cfg.lengths) * cfg.fidelity_docs
+    n_fid = len(cfg.lengths) * cfg.fidelity_docs * len(cfg.fidelity_corpora)
     bar = tqdm(total=n_cases * len(runs) + n_fid * len(runs), desc="eval", unit="run", disable=not progress)
     cases: list[dict[str, Any]] = []
     fidelity: list[dict[str, Any]] = []
@@ -189,10 +193,10 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                                 f"score {row['score']} {str(row['output'])[:40]!r}")
                         bar.update(1)
                     passes.close()
-        prose = stdlib_prose()
-        for doc in range(cfg.fidelity_docs):
-            offset = (len(prose) // 3 + doc * cfg.fidelity_stride) % len(prose)
-            tokens = tokenize((prose[offset:] + prose[:offset]) * (1 + 8 * length // max(len(prose), 1)))[:length]
+        for corpus, doc in ((c, d) for c in cfg.fidelity_corpora for d in range(cfg.fidelity_docs)):
+            text = CORPORA[corpus]()
+            offset = (len(text) // 3 + doc * cfg.fidelity_stride) % len(text)
+            tokens = tokenize((text[offset:] + text[:offset]) * (1 + 8 * length // max(len(text), 1)))[:length]
             # sized for what a run holds (half the document + the forced steps): a context sized for the whole
             # document made prompt-end selectors reserve its unseen half for generation and fall back to a window;
             # the budget stays a share of the document, in cells
@@ -206,7 +210,8 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
             for name, budget, overrides in runs:
                 if name == "full":
                     continue
-                row = {"length": length, "doc": doc, "policy": label(name, overrides), "budget": budget}
+                row = {"length": length, "corpus": corpus, "doc": doc, "policy": label(name, overrides),
+                       "budget": budget}
                 try:
                     policy = make(name, int(np.ceil(budget * length)), held, overrides)
                     try:
@@ -264,11 +269,22 @@ def summarize(cases: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> di
     for k, per_task in acc.items():
         out["accuracy"][k] = {t: float(np.mean(v)) for t, v in per_task.items()}
         out["accuracy"][k]["all"] = float(np.mean([x for v in per_task.values() for x in v]))
-    fid: dict[str, list[dict[str, Any]]] = {}
+    fid: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for r in fidelity:
         if r.get("kl_mean") is not None:
-            fid.setdefault(key(r), []).append(r)
-    for k, rows in fid.items():
-        out["fidelity"][k] = {"kl_mean": float(np.mean([r["kl_mean"] for r in rows])),
-                              "top1_agreement": float(np.mean([r["top1_agreement"] for r in rows]))}
+            fid.setdefault(r.get("corpus", "prose"), {}).setdefault(key(r), []).append(r)
+    out["fidelity_by_corpus"] = {c: {k: _pooled(rows) for k, rows in per.items()} for c, per in fid.items()}
+    # the first corpus run (prose unless left out) keeps the place earlier reports read
+    out["fidelity"] = next(iter(out["fidelity_by_corpus"].values()), {})
     return out
+
+
+def _pooled(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Per (policy, budget, corpus): mean KL and agreement over documents (as before), and the median and tail of
+    the per-token KL pooled over every scored token (as llama-perplexity reports them; rows without per-token KL,
+    from earlier files, give none)."""
+    kls = np.concatenate([r["kls"] for r in rows if r.get("kls")] or [np.zeros(0)])
+    pooled = {"kl_median": float(np.median(kls)), "kl_p99": float(np.percentile(kls, KL_TAIL)),
+              "n_tokens": int(kls.size)} if kls.size else {}
+    return {"kl_mean": float(np.mean([r["kl_mean"] for r in rows])),
+            "top1_agreement": float(np.mean([r["top1_agreement"] for r in rows])), **pooled}
