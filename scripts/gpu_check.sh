@@ -9,19 +9,23 @@
 #                bash scripts/gpu_check.sh         # both in one command, if the build is quick enough there
 # from the repository root, with .gpu/ carried; the build is kept in .gpu-work/ (git-ignored) between the two.
 #
-# Stages, each timed and each under its own time limit so that the whole fits one 10-minute command on a 16-core
-# machine (sizes measured with this machine's nvcc: docs/gpu.md):
-#   1 build    libllama + ggml-cuda for SEKV_CUDA_ARCHS (default 90: Hopper), Release, Ninja, all cores
-#   2 native   sekv_gguf's cffi module, in place
-#   3 tests    the hook tests (rows, relocation, bias, query capture on device buffers) and the engine tests
-#              (exactness with every span zoomed; budget >= context equals full) — tiny random-weight models,
-#              every layer offloaded (n_gpu_layers -1); the real Gemma file does not travel (-m "not gemma")
-#   4 bench    scripts/bench_engine.py, full vs sekv side by side: a Gemma-3-270M-shaped model at 32K and a
-#              Llama-3.2-1B-shaped one at 32K, 64K and 128K (random weights with the real attention shapes; the real
-#              files, 250 MB+, cannot travel); each length in its own process, skipped when time runs short
-# Environment: SEKV_CUDA_ARCHS (90), GPU_CHECK_BUDGET_S (540: seconds the whole script may take), OUT; for a dry run
-# of the plumbing on a CPU machine: GPU_CHECK_CMAKE_ARGS (default: CUDA on), GPU_CHECK_PYTHON, GPU_CHECK_WHEELS,
-# GPU_CHECK_SHAPES (default: "gemma3-270m=32768 llama-1b=32768 llama-1b=65536 llama-1b=131072").
+# Stages, each timed and each under its own time limit (`build` <= 7 minutes, `check` <= 4; sizes measured with
+# this machine's nvcc: docs/gpu.md); $OUT/gpu.json is written after every stage:
+#   0 preflight  every tool and Python module the stages use, checked in seconds; missing ones named, then exit 2
+#   1 build      libllama + ggml-cuda for SEKV_CUDA_ARCHS (default 90: Hopper), Release, Ninja, all cores
+#   2 native     sekv_gguf's cffi module, in place
+#   3 tests      the hook tests (rows, relocation, bias, query capture on device buffers) and the engine tests
+#                (exactness with every span zoomed; budget >= context equals full) — tiny random-weight models,
+#                every layer offloaded (n_gpu_layers -1); the real Gemma file does not travel (-m "not gemma")
+#   4 offload    the proof: a head-size-64 tiny model (the CUDA flash-attention kernels run) with every layer and its
+#                KV cache on the GPU (llama.cpp's log must say CUDA), SeKV all-zoomed = full KV at a GPU tolerance
+#   5 bench      scripts/bench_engine.py, full vs sekv side by side: a Gemma-3-270M-shaped model at 32K and a
+#                Llama-3.2-1B-shaped one at 32K and 128K (random weights with the real attention shapes; the real
+#                files, 250 MB+, cannot travel); each length in its own process, skipped when time runs short
+# Environment: SEKV_CUDA_ARCHS (90), GPU_CHECK_BUDGET_S (seconds the command may take: build 420, check 240, all
+# 660), OUT; for a dry run of the plumbing on a CPU machine: GPU_CHECK_CMAKE_ARGS (default: CUDA on; without it the
+# offload proof accepts the CPU), GPU_CHECK_PYTHON, GPU_CHECK_WHEELS, GPU_CHECK_SHAPES (default: "gemma3-270m=32768
+# llama-1b=32768 llama-1b=131072").
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,13 +38,16 @@ RESULTS="${OUT:-$ROOT/bench}"
 WORK="$ROOT/.gpu-work"  # git-ignored, not carried: a warm machine keeps it between calls
 WHAT="${1:-all}"
 case "$WHAT" in build|check|all) ;; *) echo "usage: gpu_check.sh [build|check|all]" >&2; exit 2 ;; esac
-DEFAULT_BUDGET=540
-[ "$WHAT" = build ] && DEFAULT_BUDGET=580
+DEFAULT_BUDGET=660
+[ "$WHAT" = build ] && DEFAULT_BUDGET=420
+[ "$WHAT" = check ] && DEFAULT_BUDGET=240
 BUDGET="${GPU_CHECK_BUDGET_S:-$DEFAULT_BUDGET}"
 PY="${GPU_CHECK_PYTHON:-python3}"
 WHEELS="${GPU_CHECK_WHEELS:-.gpu/wheels}"
 CMAKE_ARGS="${GPU_CHECK_CMAKE_ARGS--DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCHS}"
-SHAPES="${GPU_CHECK_SHAPES:-gemma3-270m=32768 llama-1b=32768 llama-1b=65536 llama-1b=131072}"
+SHAPES="${GPU_CHECK_SHAPES:-gemma3-270m=32768 llama-1b=32768 llama-1b=131072}"
+EXPECT_GPU=""
+case "$CMAKE_ARGS" in *GGML_CUDA=ON*) EXPECT_GPU=1 ;; esac
 mkdir -p "$RESULTS" "$WORK/log"
 SUMMARY="$WORK/stages.jsonl"
 [ "$WHAT" = check ] || : > "$SUMMARY"
@@ -69,8 +76,11 @@ stage() {
     log "$name: $status in $took s (log $WORK/log/$name.log)"
     tail -5 "$WORK/log/$name.log" >&2
     printf '{"stage": "%s", "status": "%s", "rc": %d, "seconds": %d}\n' "$name" "$status" "$rc" "$took" >> "$SUMMARY"
+    summary > /dev/null
     return $rc
 }
+# the one JSON, rewritten after every stage (a cut run still leaves it)
+summary() { "$PY" scripts/gpu_summary.py "$WORK" "$RESULTS/gpu.json" "$(( $(date +%s) - T0 ))"; }
 
 [ -f .gpu/llama-src.tar.gz ] || { log "error: .gpu/llama-src.tar.gz missing: run scripts/gpu_pack.sh first"; exit 2; }
 if command -v nvidia-smi >/dev/null; then
@@ -103,66 +113,47 @@ build() {
 native() { $PY native/build_native.py && $PY -c "import sekv_gguf._native"; }
 tests() {
     $PY -m pytest -q -p no:cacheprovider -m "not gemma" tests/test_hook_rows.py tests/test_hook_bias.py \
-        tests/test_hook_query.py tests/test_hook_positions.py tests/test_engine.py &&
-    # the KV cache really is on the GPU
-    $PY - <<'EOF'
-import sys, tempfile
-from pathlib import Path
-import llama_cpp
-from sekv_gguf.config import ContextConfig
-from sekv_gguf.session import Session
-from sekv_gguf.tiny_models import write_tiny_llama
-assert llama_cpp.llama_supports_gpu_offload(), "this libllama cannot offload"
-p = write_tiny_llama(Path(tempfile.mkdtemp()) / "t.gguf")
-with Session.open(p, ContextConfig(n_ctx=256, verbose=True)) as s:
-    s.decode(s.tokenize("hello"))
-EOF
+        tests/test_hook_query.py tests/test_hook_positions.py tests/test_engine.py
+}
+offload() {
+    $PY scripts/gpu_offload_proof.py "$WORK" ${EXPECT_GPU:+--expect-gpu} &&
+    { [ -z "$EXPECT_GPU" ] || grep -q "dev = CUDA" "$WORK/log/offload.log" || { echo "KV cache not on CUDA"; false; }; }
+}
+# every tool and module the stages use, named when missing (seconds, before the build)
+preflight() {
+    local missing=()
+    for tool in cmake ninja; do command -v "$tool" > /dev/null || missing+=("$tool"); done
+    if [ -n "$EXPECT_GPU" ]; then
+        for tool in nvcc nvidia-smi; do command -v "$tool" > /dev/null || missing+=("$tool"); done
+    fi
+    $PY -c '
+import importlib.util, sys
+need = ["numpy", "scipy", "threadpoolctl", "typing_extensions", "jinja2", "diskcache", "gguf", "cffi", "pycparser",
+        "pytest", "tqdm", "matplotlib", "yaml"]
+bad = [m for m in need if importlib.util.find_spec(m) is None]
+print("python", sys.version.split()[0] + "; missing modules:", bad or "none")
+sys.exit(1 if bad else 0)' || missing+=("python modules (above)")
+    [ ${#missing[@]} -eq 0 ] || { echo "missing: ${missing[*]}"; return 1; }
 }
 
-export LLAMA WORK CMAKE_ARGS PKG PY
-export -f build native tests
+export LLAMA WORK CMAKE_ARGS PKG PY EXPECT_GPU
+export -f build native tests offload preflight
+stage preflight 30 preflight || { log "preflight failed: see $WORK/log/preflight.log"; summary; exit 2; }
 BUILD_OK=0
 if [ "$WHAT" != check ]; then
-    limit=420
-    [ "$WHAT" = build ] && limit=570
-    stage build "$limit" build
+    stage build 400 build
     BUILD_OK=$?
 elif [ ! -f "$PKG/llama_cpp/lib/libllama.so" ]; then
     log "error: no build in $WORK: run 'gpu_check.sh build' first"; exit 2
 fi
 if [ "$WHAT" != build ] && [ $BUILD_OK -eq 0 ]; then
-    stage native 60 native && stage tests 150 tests
-    grep -o "dev = [A-Za-z0-9]*" "$WORK/log/tests.log" | sort | uniq -c >&2 || true
+    stage native 30 native && { stage tests 90 tests; stage offload 40 offload; }
+    grep -o "dev = [A-Za-z0-9]*" "$WORK/log/offload.log" | sort | uniq -c >&2 || true
     # longest contexts last: each length its own process and JSON, so a timeout loses one case only
     for spec in $SHAPES; do
         name="bench-${spec/=/-}"
-        stage "$name" 240 $PY scripts/bench_engine.py --gemma --tiny --shaped "$spec" --n-predict 32 \
+        stage "$name" 120 $PY scripts/bench_engine.py --gemma --tiny --shaped "$spec" --n-predict 32 \
             --out "$WORK/$name" || true
     done
 fi
-
-# one JSON summary
-$PY - "$WORK" "$RESULTS/gpu.json" "$(( $(date +%s) - T0 ))" <<'EOF'
-import json, re, sys
-from pathlib import Path
-work, out, total = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-stages = [json.loads(line) for line in (work / "stages.jsonl").read_text().splitlines() if line.strip()]
-tests = work / "log" / "tests.log"
-text = tests.read_text(errors="replace") if tests.exists() else ""
-m = re.findall(r"^=*\s*(\d+ passed.*?|\d+ failed.*?)\s*=*$", text, re.M)
-cases = []
-for f in sorted(work.glob("bench-*.json")):
-    for c in json.loads(f.read_text())["cases"]:
-        keep = {k: c.get(k) for k in ("model", "policy", "n_tokens", "prompt_tokens", "prefill_tok_s", "decode_tok_s",
-                                      "device_kv_bytes", "full_kv_bytes", "host_kv_bytes", "wall_s")}
-        if c.get("sekv"):
-            keep["sekv"] = {k: c["sekv"].get(k) for k in ("spans", "zooms_per_step", "zoom_s", "compress_s",
-                                                          "route_ms_per_step", "host_rows_read_per_route")}
-        cases.append(keep)
-placement = sorted(set(re.findall(r"dev = (\w+)", text)))
-summary = {"gpu": (work / "gpu.txt").read_text().strip(), "total_s": total, "stages": stages,
-           "tests": m[-1] if m else None, "kv_devices_seen": placement, "cases": cases}
-out.parent.mkdir(parents=True, exist_ok=True)
-out.write_text(json.dumps(summary, indent=1))
-print(json.dumps(summary, indent=1))
-EOF
+summary
