@@ -6,7 +6,7 @@ lower layers load without llama-cpp-python's high-level API."""
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["SekvLlama", "__version__"]
+__all__ = ["SekvDiskCache", "SekvLlama", "SekvState", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -14,4 +14,8 @@ def __getattr__(name: str) -> Any:
         from .llm import SekvLlama
 
         return SekvLlama
+    if name in ("SekvState", "SekvDiskCache"):
+        from . import llm_state
+
+        return getattr(llm_state, name)
     raise AttributeError(f"module 'sekv_gguf' has no attribute {name!r}")

@@ -13,6 +13,7 @@ import llama_cpp
 from .config import BudgetConfig, ContextConfig
 from .decode import decode_loop, greedy
 from .policies import POLICIES, Policy
+from .policies.base import PolicyRecipe
 from .session import full_kv_bytes
 from .stats import PolicyStats, SekvStats
 
@@ -88,7 +89,10 @@ def make_policy(name: str, model: Any, n_context: int, ctx_config: ContextConfig
         if not cls.takes_router:
             raise ValueError(f"policy {name!r} takes no router")
         extra["router"] = router
-    return cls(model, n_context, ctx_config or ContextConfig(), budget, params, observer=observer, **extra)
+    policy = cls(model, n_context, ctx_config or ContextConfig(), budget, params, observer=observer, **extra)
+    policy.recipe = PolicyRecipe(name, n_context, budget or BudgetConfig(), params,
+                                 getattr(router, "label", type(router).__name__) if router is not None else "")
+    return policy
 
 
 def generate(policy: Policy, prompt: list[int], n_predict: int, model_name: str = "",

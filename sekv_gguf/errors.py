@@ -65,3 +65,13 @@ class RpcError(SekvError):
 
 class RpcEndpointError(RpcError, ValueError):
     """An RPC server's address is not ``HOST:PORT``."""
+
+
+class MemoryFileError(SekvError, ValueError):
+    """A saved memory file (``sekv_gguf.memory_file``) is damaged, truncated, not a SeKV memory, or of another
+    format version; the message names the file and the problem."""
+
+
+class MemoryMismatchError(MemoryFileError):
+    """A saved memory was made for another model, policy, budget, K/V types, batch sizes or settings than the one it
+    is loaded into; the message names every field that differs, with both values."""

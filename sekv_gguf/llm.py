@@ -7,10 +7,14 @@ truncates the memory instead of the cache. ``n_ctx`` is the *logical* context (d
 context); the device holds ``kv_budget`` cells. Conversations are kept in ``sekv_gguf.memory.Memories``: a
 checkpoint at the end of each prompt, an LRU of memories, a scratch context for short side requests.
 
-What a compressed memory cannot hold is refused with a clear error: ``set_cache`` / ``save_state`` /
-``load_state``, draft models, LoRA, embeddings, multimodal chat handlers, ``logits_all``, prompt logprobs (``echo``
-with ``logprobs``). ``type_k`` / ``type_v`` take f16, f32, q8_0 and q4_0 (a ggml type id, as llama-cpp-python,
-or the name; docs/quantized-kv.md); other K/V cache types are refused.
+``save_state`` / ``load_state`` save and restore the live conversation's memory as a ``SekvState`` (a
+``LlamaState``'s fields; its bytes a memory file, ``sekv_gguf.memory_file``); ``set_cache`` takes a
+``SekvDiskCache`` (memory files on disk) or llama-cpp-python's ``LlamaRAMCache``; a pickle holds the constructor's
+arguments and the live memory. What a compressed memory cannot hold is refused with a clear error:
+llama-cpp-python's ``LlamaDiskCache`` (it pickles llama.cpp states), draft models, LoRA, embeddings, multimodal
+chat handlers, ``logits_all``, prompt logprobs (``echo`` with ``logprobs``). ``type_k`` / ``type_v`` take f16, f32,
+q8_0 and q4_0 (a ggml type id, as llama-cpp-python, or the name; docs/quantized-kv.md); other K/V cache types are
+refused.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ from .config import KV_TYPES, BudgetConfig, ContextConfig, SekvConfig
 from .decode import decode_loop, forced
 from .engine import make_policy
 from .errors import RequestCancelled, SekvError
+from .llm_state import SekvState
 from .memory import MemoryConfig, Memories
+from .memory_dir import MemoryDir, MemoryDirConfig
+from .memory_file import MODES, Fingerprint, capture, memory_bytes, memory_from_bytes, restore_into
 from .policies import POLICIES, Policy
 from .router import TrainedRouter
 from .stats import LlmStats, RequestCounts
@@ -108,15 +115,17 @@ class SekvLlama(llama_cpp.Llama):
     fraction of ``n_ctx``), ``prefill`` (SeKV's prefill mode), ``sekv`` (all of SeKV's parameters, a
     ``SekvConfig``; its ``prefill`` is used, the ``prefill`` argument must then be left out), ``adapter`` (a trained
     router GGUF for SeKV),
-    ``memories`` (a ``MemoryConfig``), ``rpc_servers`` (``"HOST:PORT,..."`` of llama.cpp RPC servers that take the
-    offloaded layers; ``n_gpu_layers`` says how many), ``rpc_timeout_s``, ``repack_weights`` (``ContextConfig``).
+    ``memories`` (a ``MemoryConfig``), ``memory_dir`` (a ``MemoryDirConfig``: every conversation saved to disk
+    after each request and at ``close``, and restored from there when a prompt continues it), ``rpc_servers``
+    (``"HOST:PORT,..."`` of llama.cpp RPC servers that take the offloaded layers; ``n_gpu_layers`` says how many),
+    ``rpc_timeout_s``, ``repack_weights`` (``ContextConfig``).
     ``n_ctx`` is the logical context (0: the model's training context); prompts longer than the device cells work up
     to it. ``counters`` says what each request evaluated and reused.
     """
 
     def __init__(self, model_path: str, *, policy: str = "sekv", kv_budget: float = BudgetConfig.kv_budget,
                  prefill: str = SekvConfig.prefill, sekv: SekvConfig | None = None, adapter: str | None = None,
-                 memories: MemoryConfig | None = None,
+                 memories: MemoryConfig | None = None, memory_dir: MemoryDirConfig | None = None,
                  n_ctx: int = 0, n_batch: int = 512, n_threads: int | None = None, n_gpu_layers: int = -1,
                  rpc_servers: str | Sequence[str] | None = None, rpc_timeout_s: float = ContextConfig.rpc_timeout_s,
                  repack_weights: bool = ContextConfig.repack_weights,
@@ -124,6 +133,8 @@ class SekvLlama(llama_cpp.Llama):
                  logits_all: bool = False, embedding: bool = False, lora_path: str | None = None,
                  draft_model: Any = None, chat_handler: Any = None, chat_format: str | None = None,
                  verbose: bool = False, **kwargs: Any):
+        init = dict(locals())  # the constructor's arguments, for pickling (``__getstate__``)
+        self._init_args = {**{k: v for k, v in init.items() if k not in ("self", "kwargs", "__class__")}, **kwargs}
         for bad, what in ((logits_all, "logits_all (logits of every prompt token)"), (embedding, "embedding"),
                           (lora_path, "LoRA (lora_path)"), (draft_model, "a draft model"),
                           (chat_handler is not None and hasattr(chat_handler, "clip_model_path"),
@@ -169,7 +180,7 @@ class SekvLlama(llama_cpp.Llama):
         self.memories = Memories(
             lambda: make_policy(policy, self._model, logical, ctx_config, budget, params, router),
             lambda: make_policy("full", self._model, mem.scratch_tokens, ctx_config, BudgetConfig(chunk=n_batch)),
-            mem)
+            mem, MemoryDir(memory_dir) if memory_dir is not None else None)
         self._ctx = _ContextView(self)
         if self.chat_handler is None and chat_format is None and not any(
                 k.startswith("tokenizer.chat_template") for k in self.metadata):
@@ -245,7 +256,9 @@ class SekvLlama(llama_cpp.Llama):
         try:
             return (yield from super().generate(tokens, *args, **kwargs))
         finally:
-            if self.memories.active is not self.memories.live:  # a side request's context goes back
+            if self.memories.active is self.memories.live:
+                self.memories.end_turn()  # queued for the memory directory, when there is one
+            else:  # a side request's context goes back
                 self.memories.end_request()
                 self.n_tokens = self.memories.live.n_tokens
                 self.input_ids[:self.n_tokens] = self.memories.live.tokens
@@ -335,17 +348,54 @@ class SekvLlama(llama_cpp.Llama):
         self._sampled.append(int(token))  # the last one is never evaluated (it ended the reply)
         return token
 
-    # -- refused -----------------------------------------------------------------------------------------------
+    # -- saved memories ----------------------------------------------------------------------------------------
 
-    def set_cache(self, cache: Any) -> None:
-        if cache is not None:
-            raise _refuse("set_cache (a prompt cache of llama.cpp states)")
-
-    def save_state(self) -> Any:
-        raise _refuse("save_state")
+    def save_state(self, mode: str = "lossless", extra: Any = None) -> SekvState:
+        """The live conversation's memory as a ``SekvState`` (``mode``: ``lossless`` or ``compact``,
+        docs/memory-files.md; ``extra``: plain data saved with it, e.g. a chat's messages); ``state.save(path)``
+        writes it as a memory file."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        live = self.memories.live
+        saved = capture(live, mode)
+        if extra is not None:
+            saved.content["extra"] = extra
+        return SekvState.of(live.tokens, memory_bytes(saved), self._n_vocab, self._seed)
 
     def load_state(self, state: Any) -> None:
-        raise _refuse("load_state")
+        """Make the memory of ``state`` (a ``SekvState``, or any object whose ``llama_state`` holds a memory file's
+        bytes) the live one; the conversation it replaces is kept among the saved memories. A state of another
+        model, policy, budget, K/V types, batch sizes or settings raises ``MemoryMismatchError``; a damaged one
+        ``MemoryFileError``."""
+        data = getattr(state, "llama_state", None)
+        if not isinstance(data, (bytes, bytearray)):
+            raise TypeError(f"load_state takes a SekvState (SekvLlama.save_state), not {type(state).__name__}")
+        saved = memory_from_bytes(bytes(data), "the saved state")
+        memories = self.memories
+        memories.end_request()
+        saved.fingerprint.check_fits(Fingerprint.of(memories.live), "the saved state")  # before anything changes
+        if memories.live.tokens != saved.tokens:
+            memories.set_aside()
+        try:
+            restore_into(memories.live, saved, "the saved state")
+        finally:
+            memories.checkpoint = None
+            memories.active = memories.live
+            self.n_tokens = memories.live.n_tokens
+            self.input_ids[:self.n_tokens] = memories.live.tokens
+            self._requires_eval = True  # the next prompt evaluates at least its last token: fresh logits
+        if getattr(state, "seed", None) is not None:
+            self._seed = state.seed
+
+    def set_cache(self, cache: Any) -> None:
+        """A prompt cache: a ``SekvDiskCache`` or a ``LlamaRAMCache`` (holding ``SekvState`` s); None: none."""
+        if cache is not None and (isinstance(cache, llama_cpp.LlamaDiskCache)
+                                  or not isinstance(cache, llama_cpp.llama_cache.BaseLlamaCache)):
+            raise _refuse(f"set_cache with a {type(cache).__name__} (llama-cpp-python's disk cache pickles llama.cpp "
+                          "states; use sekv_gguf.SekvDiskCache)")
+        self.cache = cache
+
+    # -- refused -----------------------------------------------------------------------------------------------
 
     def create_embedding(self, *args: Any, **kwargs: Any) -> Any:
         raise _refuse("embeddings")
@@ -353,8 +403,16 @@ class SekvLlama(llama_cpp.Llama):
     def embed(self, *args: Any, **kwargs: Any) -> Any:
         raise _refuse("embeddings")
 
-    def __getstate__(self) -> Any:
-        raise _refuse("pickling")
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickle holds: the constructor's arguments (as ``Llama``'s pickles do) and the live conversation's
+        memory as a memory file's bytes (lossless), so that the unpickled model goes on from it."""
+        live = self.memories.live
+        return {"init": dict(self._init_args), "memory": self.save_state().llama_state if live.n_tokens else None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state["init"])
+        if state["memory"] is not None:
+            self.load_state(SekvState.of([], state["memory"], self._n_vocab, None))
 
     # -- reporting and closing ---------------------------------------------------------------------------------
 

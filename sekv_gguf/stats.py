@@ -108,6 +108,8 @@ class MemoryCounts:
     scratch_requests: int = 0     # a request that matched none and was not kept
     checkpoint_restores: int = 0  # a truncation the live memory could not do, served from its prompt checkpoint
     evicted: int = 0              # saved conversations dropped for the host limit
+    disk_restores: int = 0        # a request continued a conversation restored from the memory directory
+    disk_saves: int = 0           # conversations queued for (or written to) the memory directory
 
 
 @dataclass

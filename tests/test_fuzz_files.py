@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sekv_gguf.errors import AdapterError, ModelError
+from sekv_gguf.errors import AdapterError, MemoryFileError, ModelError
 from sekv_gguf.reliability.fuzz import EXTREMES, KINDS, FuzzConfig, Mutation, mutate, over_memory, run_one, targets
 
 CFG = FuzzConfig()
-EXAMPLES = {"adapter": 800, "model_identity": 150, "prompt_file": 500, "serve_config_json": 500,
+EXAMPLES = {"adapter": 800, "model_identity": 150, "memory_file": 600, "prompt_file": 500, "serve_config_json": 500,
             "serve_config_yaml": 500}
 
 mutations = st.lists(st.builds(Mutation, kind=st.sampled_from(KINDS), at=st.floats(0, 1, exclude_max=True),
@@ -61,8 +61,10 @@ def test_the_end_of_file_hang_stays_fixed(fuzz_targets):
 def test_truncated_gguf_names_the_file(fuzz_targets, cut, tmp_path):
     from sekv_gguf.adapter import read_adapter
     from sekv_gguf.adapter.identity import read_identity
+    from sekv_gguf.memory_file import read_memory_file
 
-    for name, read, error in (("adapter", read_adapter, AdapterError), ("model_identity", read_identity, ModelError)):
+    for name, read, error in (("adapter", read_adapter, AdapterError), ("model_identity", read_identity, ModelError),
+                              ("memory_file", read_memory_file, MemoryFileError)):
         target, _ = fuzz_targets[name]
         path = tmp_path / f"{name}.gguf"
         path.write_bytes(target.seed[:cut])

@@ -92,10 +92,13 @@ def test_sekv_parameters_are_taken_whole(smol):
         llm.close()
 
 
-def test_state_and_cache_apis_are_refused(smol):
+def test_a_pickling_cache_and_embeddings_are_refused(smol, tmp_path):
+    """States and caches are memory files (tests/test_llm_state.py); llama-cpp-python's disk cache pickles llama.cpp
+    states and is refused, naming the cache that works."""
     llm = SekvLlama(smol, kv_budget=512, n_ctx=1024)
     try:
-        for call in (llm.save_state, lambda: llm.set_cache(llama_cpp.LlamaRAMCache()), lambda: llm.embed("x")):
+        for call in (lambda: llm.set_cache(llama_cpp.LlamaDiskCache(str(tmp_path / "pickles"))),
+                     lambda: llm.embed("x")):
             with pytest.raises(UnsupportedError):
                 call()
     finally:

@@ -13,7 +13,7 @@ import llama_cpp
 from tqdm import tqdm
 
 from .. import auto_budget, rpc, sampling, support
-from ..config import BudgetConfig, ContextConfig, SekvConfig
+from ..config import BudgetConfig, ContextConfig, SekvConfig, cache_root
 from ..documents import default_prompt
 from ..engine import RunResult, generate, make_policy
 from ..hook import report_lines
@@ -188,7 +188,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         sampler = sampling.for_model(llm.metadata, **{f.name: getattr(args, f.name)
                                                       for f in dataclasses.fields(sampling.Sampling)})
         prompt = (lambda: print("> ", end="", file=sys.stderr, flush=True)) if sys.stdin.isatty() else None
-        return run_chat(llm, sys.stdin, sys.stdout, cfg.max_tokens, args.system, prompt, sampler)
+        saves = Path(args.saves) if args.saves else cache_root() / "chats"
+        return run_chat(llm, sys.stdin, sys.stdout, cfg.max_tokens, args.system, prompt, sampler, saves, args.resume)
     finally:
         llm.close()
 

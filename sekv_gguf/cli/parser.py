@@ -84,11 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
             serve_option(sv, f.name)
     sv.add_argument("--config", help="JSON or YAML file of serve settings (flags given here override it)")
 
-    ch = sub.add_parser("chat", help="interactive terminal chat on SekvLlama (/reset, /stats, /file PATH, /quit)")
+    ch = sub.add_parser("chat", help="interactive terminal chat on SekvLlama (/reset, /stats, /file PATH, /save NAME, "
+                                      "/quit)")
     ch.add_argument("model", nargs="?", help=field_help(ServeConfig, "model"))
     for name in CHAT_FIELDS:
         serve_option(ch, name, **({"help": "reply tokens per turn"} if name == "max_tokens" else {}))
     ch.add_argument("--system", help="a system message")
+    ch.add_argument("--resume", metavar="NAME", help="start from the chat saved with /save NAME (a name under "
+                                                      "--saves, or a path)")
+    ch.add_argument("--saves", metavar="DIR", help="directory of /save NAME (default: sekv_gguf's cache, chats/)")
     for flag, name, kind in (("--temp", "temperature", float), ("--top-k", "top_k", int), ("--top-p", "top_p", float),
                              ("--min-p", "min_p", float), ("--repeat-penalty", "repeat_penalty", float)):
         ch.add_argument(flag, dest=name, type=kind, help=f"sampler {name} (default: the model's recommended setting, "

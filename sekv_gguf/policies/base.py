@@ -13,7 +13,8 @@ exceed the budget.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import llama_cpp
 import numpy as np
@@ -23,6 +24,18 @@ from ..session import Session
 from ..stats import PolicyStats
 from .memory_state import PolicyMemory
 from .snapshot import DeviceState, Snapshot
+
+
+@dataclass(frozen=True)
+class PolicyRecipe:
+    """How ``engine.make_policy`` made a policy (its name, size, shared budget, own parameters and router label):
+    what a saved memory's fingerprint compares (``sekv_gguf.memory_file``)."""
+
+    name: str
+    n_context: int
+    budget: Any  # BudgetConfig
+    params: Any  # the policy's Config instance, or None (its defaults)
+    router: str  # the label of a router handed in ("": the policy's own)
 
 
 class Policy(ABC):
@@ -37,6 +50,7 @@ class Policy(ABC):
     Config: type | None = None  # the dataclass of the policy's own parameters
     takes_router: bool = False  # its constructor takes a ``router`` (``sekv_gguf.router``)
     memory: PolicyMemory
+    recipe: PolicyRecipe | None = None  # set by ``engine.make_policy``
 
     def __init__(self, session: Session, observer: Callable[["Policy"], None] | None = None):
         self.session = session

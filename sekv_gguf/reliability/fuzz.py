@@ -1,5 +1,5 @@
 """Mutation fuzzing of every file sekv_gguf parses itself: the router adapter, a model's GGUF metadata (its identity),
-prompt/document text files and ``serve``'s config file (JSON and YAML). A valid seed file per target is damaged by
+prompt/document text files, ``serve``'s config file (JSON and YAML) and saved memories (``memory_file``). A valid seed file per target is damaged by
 a few ``Mutation`` s (truncations, bit flips, absurd 32/64-bit counts and sizes written over fields, inserted and
 deleted bytes) and parsed; the property: the parser returns a value or raises the target's typed error, never any
 other exception, within ``FuzzConfig.hang_s``, and allocates no more than its valid seed needs plus a multiple of
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import AdapterError, InputFileError, ModelError
+from ..errors import AdapterError, InputFileError, MemoryFileError, ModelError
 
 KINDS = ("truncate", "flip", "u32", "u64", "insert", "delete")
 # values written over fields: zero, one, sign bits, all-ones, a count of terabytes
@@ -178,6 +178,31 @@ def _tiny_model_bytes(work: Path) -> bytes:
                                                           n_ff=16)).read_bytes()
 
 
+def _tiny_memory_bytes(work: Path) -> bytes:
+    """A small saved memory (no model needed to parse one): the shapes of a SeKV memory, random contents."""
+    from ..memory_file import Fingerprint, SavedMemory, write_memory_file
+    from ..memory_file.fingerprint import tokens_hash
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 300, 40).astype(np.int32)
+    fp = Fingerprint(model_name="tiny", model_architecture="llama", model_n_layer=2, model_n_embd=16,
+                     model_n_vocab=300, model_tensor_hash="0" * 64, policy="sekv", n_context=64, budget_cells=256,
+                     type_k=1, type_v=1, n_batch=32, n_ubatch=32, settings=json.dumps({"budget": {"kv_budget": 256}}),
+                     n_tokens=tokens.size, tokens_sha256=tokens_hash(tokens))
+    cells = np.arange(24, dtype=np.int32)
+    rows = [[rng.standard_normal((24, 1, 8)).astype(np.float16) for _ in "kv"] for _ in range(2)]
+    device = {"cells": cells, "pos": cells + 16, "blank": np.zeros(24, dtype=bool), "rows": rows,
+              "bias": [np.zeros(256, dtype=np.float32) for _ in range(2)], "swa": None}
+    memory = {"sinks": [0, 1, 2, 3], "window": {"pos": cells + 16, "signal": rng.random(24).astype(np.float32)},
+              "store": {"spans": [{"id": 0, "positions": np.arange(4, 16, dtype=np.int32),
+                                   "k": [{"q4": rng.integers(0, 255, (12, 1, 4), dtype=np.uint8), "raw": None}]}]},
+              "zoom": {"resident": [{0: np.arange(3)}, {}], "last_use": [{0: 2}, {}]}, "steps": np.int64(3),
+              "carry_signal": np.float32(0.5), "sentence_end": rng.random(40) > 0.5, "pair": (1, "two", None)}
+    saved = SavedMemory(fingerprint=fp, mode="lossless", content={"tokens": tokens, "device": device,
+                                                                  "memory": memory})
+    return write_memory_file(work / "memory-seed.gguf", saved).read_bytes()
+
+
 def _gguf_head(data: bytes, work: Path) -> int:
     from gguf import GGUFReader
 
@@ -190,15 +215,17 @@ def targets(work: Path, cfg: FuzzConfig = FuzzConfig()) -> list[Target]:
     """Every file kind, with its seed written under ``work`` and its seed parse's memory peak measured."""
     from ..adapter import read_adapter
     from ..adapter.identity import read_identity
+    from ..memory_file import read_memory_file
     from ..serve import ServeConfig
     from ..textfile import read_text
 
     work.mkdir(parents=True, exist_ok=True)
-    adapter, model = _tiny_adapter_bytes(work), _tiny_model_bytes(work)
+    adapter, model, memory = _tiny_adapter_bytes(work), _tiny_model_bytes(work), _tiny_memory_bytes(work)
     text = ("A prompt with ümlauts, 中文, emoji 🙂 and a needle: the code is 7463343.\n" * 8).encode()
     config = {"policy": "sekv", "kv_budget": 0.25, "port": 8123, "max_tokens": 64, "memories": 2, "api_key": None}
     out = [Target("adapter", adapter, ".gguf", _gguf_head(adapter, work), read_adapter, (AdapterError,)),
            Target("model_identity", model, ".gguf", _gguf_head(model, work), read_identity, (ModelError,)),
+           Target("memory_file", memory, ".gguf", _gguf_head(memory, work), read_memory_file, (MemoryFileError,)),
            Target("prompt_file", text, ".txt", len(text), lambda p: read_text(p, "prompt file"), (InputFileError,)),
            Target("serve_config_json", json.dumps(config).encode(), ".json", 1 << 16, ServeConfig.from_file,
                   (InputFileError,)),

@@ -5,6 +5,7 @@ import signal
 from typing import Any, Callable
 
 from ..memory import MemoryConfig
+from ..memory_dir import MemoryDirConfig
 from .app import create_app
 from .settings import ServeConfig, is_loopback
 
@@ -15,16 +16,19 @@ def load_llm(cfg: ServeConfig) -> Any:
     from ..models import default_chat_model_path
 
     path = cfg.model or str(default_chat_model_path())
+    memory_dir = (MemoryDirConfig(path=cfg.memory_dir, max_bytes=cfg.memory_dir_bytes, mode=cfg.memory_mode)
+                  if cfg.memory_dir else None)
     return SekvLlama(path, policy=cfg.policy, kv_budget=cfg.kv_budget, n_ctx=cfg.n_ctx, prefill=cfg.prefill,
                      adapter=cfg.adapter, chat_format=cfg.chat_format, n_threads=cfg.threads or None,
-                     memories=MemoryConfig(memories=cfg.memories), rpc_servers=cfg.rpc,
+                     memories=MemoryConfig(memories=cfg.memories), memory_dir=memory_dir, rpc_servers=cfg.rpc,
                      n_gpu_layers=cfg.n_gpu_layers, rpc_timeout_s=cfg.rpc_timeout, type_k=cfg.cache_type_k,
                      type_v=cfg.cache_type_v)
 
 
 def serve(cfg: ServeConfig, log: Callable[[str], None] | None = None) -> int:
     """Load the model and serve until SIGTERM or Ctrl-C: then stop accepting, end the running request at its next
-    token (a stream with its last chunk and [DONE]), and return 0."""
+    token (a stream with its last chunk and [DONE]), write every conversation to the memory directory (with
+    ``memory_dir``), and return 0."""
     import uvicorn
 
     bound_malloc()

@@ -11,6 +11,7 @@ from ..config import KV_TYPES, BudgetConfig, ContextConfig, SekvConfig, setting
 from ..endpoints import parse_endpoints
 from ..errors import InputFileError
 from ..memory import MemoryConfig
+from ..memory_file import MODES
 from ..textfile import read_text
 
 DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens gets at most this many (never "until n_ctx")
@@ -48,6 +49,13 @@ class ServeConfig:
                                        "attention, on in SekvLlama)", choices=tuple(KV_TYPES))
     expose: bool = setting(False, "allow --host to be an address other machines can reach (required for any but "
                                   "the loopback)")
+    memory_dir: str | None = setting(None, "save every conversation here (memory files, mode 0600) after each "
+                                           "request and at shutdown, and restore one instead of prefilling when a "
+                                           "request continues it (docs/memory-files.md)")
+    memory_dir_bytes: int = setting(4 << 30, "most bytes the saved conversations may take on disk (the least "
+                                             "recently used go first)")
+    memory_mode: str = setting("lossless", "how conversations are saved: lossless (the next turn exactly as before) "
+                                           "or compact (smaller: spans at summary resolution)", choices=MODES)
     shutdown_grace_s: float = setting(10.0, "on SIGTERM, how long a running stream may take to send its last chunk")
 
     def __post_init__(self) -> None:
@@ -61,6 +69,9 @@ class ServeConfig:
         if self.n_ctx < 0 or not self.shutdown_grace_s >= 0 or not self.rpc_timeout >= 0:
             raise ValueError(f"need n_ctx >= 0, shutdown_grace_s >= 0 and rpc_timeout >= 0; got {self.n_ctx}, "
                              f"{self.shutdown_grace_s}, {self.rpc_timeout}")
+        if self.memory_dir_bytes < 0 or self.memory_mode not in MODES:
+            raise ValueError(f"need memory_dir_bytes >= 0 and memory_mode in {MODES}; got {self.memory_dir_bytes}, "
+                             f"{self.memory_mode!r}")
         if self.rpc:
             parse_endpoints(self.rpc)  # RpcEndpointError (a ValueError) names the bad one
         if not self.expose and not is_loopback(self.host):

@@ -1,0 +1,271 @@
+"""Saved memories (``sekv_gguf.memory_file``): a memory written to a GGUF file and loaded into a NEW policy gives the
+next turn's logits bit for bit and the same greedy continuation (tiny llama, tiny Gemma-3 iSWA); the compact mode
+is smaller and still answers; a wrong model, settings, version or a damaged file is refused naming the problem;
+files are written atomically with mode 0600."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import prose
+from sekv_gguf.config import BudgetConfig, SekvConfig
+from sekv_gguf.engine import make_policy
+from sekv_gguf.errors import MemoryFileError, MemoryMismatchError
+from sekv_gguf.memory_file import capture, load_memory, read_memory_file, save_memory
+from sekv_gguf.memory_file import keys as K
+from sekv_gguf.policies import POLICIES
+
+BUDGET = BudgetConfig(kv_budget=512, chunk=128)
+PROMPT, TURN, STEPS = 1500, 120, 8
+
+
+def _tokens(model, n: int, offset: int = 0) -> list[int]:
+    return model.tokenize(prose(6 * n, offset).encode(), add_bos=True, special=False)[:n]
+
+
+def _make(model, name: str = "sekv", params=None, budget: BudgetConfig = BUDGET, n: int = 2000):
+    if params is None and name == "sekv":
+        params = SekvConfig(route_every=2)
+    return make_policy(name, model, n, budget=budget, params=params)
+
+
+def _continue(policy, turn: list[int], n: int = STEPS) -> tuple[np.ndarray, list[int], list[np.ndarray]]:
+    """The next turn's logits, then a greedy continuation (tokens and each step's logits)."""
+    first = logits = policy.append(turn)
+    out, rows = [], []
+    for _ in range(n):
+        t = int(np.argmax(logits))
+        out.append(t)
+        logits = policy.step(t)
+        rows.append(logits)
+    return first, out, rows
+
+
+@pytest.fixture(params=["llama", "gemma"])
+def model(request, llama_model, gemma_model):
+    return llama_model if request.param == "llama" else gemma_model
+
+
+def test_a_lossless_memory_file_gives_the_next_turn_bit_for_bit(model, tmp_path):
+    """Saved after a prompt three times the budget (spans compressed, zoomed) and a few generated tokens; loaded
+    into a new policy: the next turn's logits and every step of a greedy continuation equal the original's."""
+    toks = _tokens(model, PROMPT, 500)
+    turn = _tokens(model, TURN, 7000)[1:]
+    first, second = _make(model), _make(model)
+    try:
+        logits = first.append(toks)
+        for _ in range(3):
+            logits = first.step(int(np.argmax(logits)))
+        assert len(first.memory.store) > 10 and any(first.memory.zoom.resident)
+        path = save_memory(first, tmp_path / "m.gguf")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert not [p for p in tmp_path.iterdir() if p.name != "m.gguf"]  # no temporary file left
+        saved = load_memory(second, path)
+        assert saved.mode == "lossless" and second.tokens == first.tokens
+        want = _continue(first, turn)
+        got = _continue(second, turn)
+        assert np.array_equal(got[0], want[0])
+        assert got[1] == want[1]
+        for a, b in zip(got[2], want[2]):
+            assert np.array_equal(a, b)
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.parametrize("name", sorted(set(POLICIES) - {"sekv"}))
+def test_every_baseline_saves_and_loads_losslessly(llama_model, tmp_path, name):
+    """Every baseline's memory object and device cells (``full``: llama.cpp's own sequence state) round-trip."""
+    toks = _tokens(llama_model, 1200, 900)
+    turn = _tokens(llama_model, 40, 5000)[1:]
+    first, second = _make(llama_model, name), _make(llama_model, name)
+    try:
+        first.append(toks)
+        load_memory(second, save_memory(first, tmp_path / f"{name}.gguf"))
+        want, got = _continue(first, turn, 3), _continue(second, turn, 3)
+        assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_the_full_policy_saves_through_llama_cpp_state_bit_for_bit(gemma_model, tmp_path):
+    """``full`` on the iSWA model: llama.cpp's sequence state of both caches, the next turn bit for bit."""
+    toks = _tokens(gemma_model, 1200, 900)
+    turn = _tokens(gemma_model, 60, 5000)[1:]
+    first, second = _make(gemma_model, "full"), _make(gemma_model, "full")
+    try:
+        first.append(toks)
+        for _ in range(3):
+            first.step(7)
+        path = save_memory(first, tmp_path / "full.gguf")
+        assert "llama_seq" in read_memory_file(path).content["device"]
+        load_memory(second, path)
+        want, got = _continue(first, turn, 4), _continue(second, turn, 4)
+        assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+        for a, b in zip(got[2], want[2]):
+            assert np.array_equal(a, b)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_compact_memory_is_smaller_and_answers(model, tmp_path):
+    """Compact: zoomed spans back at summary resolution (the zoom slots' rows not written), no carried logits. It
+    loads, its zoom slots are empty, the next turn zooms again and its logits are finite."""
+    toks = _tokens(model, PROMPT, 1500)
+    turn = _tokens(model, TURN, 9000)[1:]
+    first, second = _make(model), _make(model)
+    try:
+        first.append(toks)
+        assert any(first.memory.zoom.resident)
+        full = save_memory(first, tmp_path / "lossless.gguf")
+        small = save_memory(first, tmp_path / "compact.gguf", mode="compact")
+        assert small.stat().st_size < full.stat().st_size
+        saved = load_memory(second, small)
+        assert saved.mode == "compact" and not any(second.memory.zoom.resident)
+        assert second.memory.prev_logits is None and len(second.memory.store) == len(first.memory.store)
+        logits, out, _ = _continue(second, turn, 4)
+        assert np.isfinite(logits).all() and any(second.memory.zoom.resident)  # zoomed again by the turn
+        assert len(out) == 4
+    finally:
+        first.close()
+        second.close()
+
+
+def test_capture_leaves_the_policy_as_it_was(llama_model):
+    """A compact capture un-zooms the saved copy only: the live memory keeps its zoomed spans and biases, and a
+    capture afterwards is still lossless-equal to one before."""
+    policy = _make(llama_model)
+    try:
+        policy.append(_tokens(llama_model, PROMPT))
+        resident = [sorted(r) for r in policy.memory.zoom.resident]
+        assert any(resident)
+        hook = policy.session.hook
+        bias = [hook.get_bias(i).copy() for i in range(hook.info.n_layer_kv)]
+        before = capture(policy).content["device"]
+        capture(policy, "compact")
+        assert [sorted(r) for r in policy.memory.zoom.resident] == resident
+        for i, b in enumerate(bias):
+            assert np.array_equal(hook.get_bias(i), b)
+        after = capture(policy).content["device"]
+        assert all(np.array_equal(a, b) for a, b in zip(after["bias"], before["bias"]))
+        assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+                   for a, b in zip(after["rows"], before["rows"]))
+    finally:
+        policy.close()
+
+
+@pytest.fixture(scope="module")
+def saved_file(llama_model, tmp_path_factory) -> Path:
+    policy = _make(llama_model)
+    try:
+        policy.append(_tokens(llama_model, 900, 300))
+        return save_memory(policy, tmp_path_factory.mktemp("saved") / "m.gguf")
+    finally:
+        policy.close()
+
+
+@pytest.mark.parametrize("other, problem", [
+    (dict(params=SekvConfig(route_every=3)), "settings differ: params.route_every saved 2, here 3"),
+    (dict(budget=BudgetConfig(kv_budget=768, chunk=128)), "budget_cells saved 512, here 768"),
+    (dict(name="streaming"), "policy saved 'sekv', here 'streaming'"),
+    (dict(n=2400), "n_context saved 2000, here 2400"),
+])
+def test_a_memory_is_refused_by_other_settings(llama_model, saved_file, other, problem):
+    policy = _make(llama_model, **other)
+    try:
+        with pytest.raises(MemoryMismatchError) as e:
+            load_memory(policy, saved_file)
+        assert problem in str(e.value) and str(saved_file) in str(e.value)
+        assert policy.n_tokens == 0
+    finally:
+        policy.close()
+
+
+def test_a_memory_is_refused_by_another_model(gemma_model, saved_file):
+    policy = _make(gemma_model)
+    try:
+        with pytest.raises(MemoryMismatchError, match="another model: architecture saved 'llama', here 'gemma3'"):
+            load_memory(policy, saved_file)
+    finally:
+        policy.close()
+
+
+def test_another_version_and_foreign_files_are_refused(saved_file, tmp_path, tiny_llama):
+    data = bytearray(saved_file.read_bytes())
+    key = K.VERSION.encode()
+    at = data.index(key) + len(key) + 4  # the key, then its u32 type, then the value
+    data[at:at + 4] = (K.FORMAT_VERSION + 1).to_bytes(4, "little")
+    bad = tmp_path / "v2.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(MemoryFileError, match=f"format version {K.FORMAT_VERSION + 1}, this sekv_gguf reads"):
+        read_memory_file(bad)
+    with pytest.raises(MemoryFileError, match="not a SeKV memory file"):
+        read_memory_file(tiny_llama)
+    with pytest.raises(MemoryFileError, match="not found"):
+        read_memory_file(tmp_path / "none.gguf")
+
+
+def test_damaged_and_truncated_files_are_refused(saved_file, tmp_path):
+    data = saved_file.read_bytes()
+    rng = np.random.default_rng(0)
+    path = tmp_path / "bad.gguf"
+    for cut in (0, 10, 100, len(data) // 2, len(data) - 1):
+        path.write_bytes(data[:cut])
+        with pytest.raises(MemoryFileError) as e:
+            read_memory_file(path)
+        assert str(path) in str(e.value)
+    flipped = 0
+    for at in rng.integers(0, len(data), 60):
+        b = bytearray(data)
+        b[at] ^= 1 << int(rng.integers(0, 8))
+        path.write_bytes(bytes(b))
+        try:
+            saved = read_memory_file(path)
+        except MemoryFileError as e:
+            assert str(path) in str(e)
+            flipped += 1
+            continue
+        # a flip in alignment padding changes nothing that is read: the memory is the original one
+        assert saved.tokens == read_memory_file(saved_file).tokens
+    assert flipped > 40
+
+
+def test_a_failed_write_leaves_the_old_file(llama_model, saved_file, tmp_path, monkeypatch):
+    """The write goes to a temporary file renamed over the old one at the end: a failure half way (here: the
+    tensor data) leaves the old file whole and no temporary file behind."""
+    import gguf
+
+    target = tmp_path / "m.gguf"
+    target.write_bytes(saved_file.read_bytes())
+    policy = _make(llama_model)
+    try:
+        policy.append(_tokens(llama_model, 600))
+
+        def fail(self, *a, **k):
+            raise OSError("disk full")
+
+        monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", fail)
+        with pytest.raises(OSError, match="disk full"):
+            save_memory(policy, target)
+    finally:
+        policy.close()
+    assert target.read_bytes() == saved_file.read_bytes()
+    assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+    assert read_memory_file(target).tokens  # still loads
+
+
+def test_the_file_is_plain_gguf(saved_file):
+    """gguf-py's own reader (what gguf-dump uses) reads it: the type, the version and the fingerprint's keys."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(saved_file), "r")
+    assert r.get_field(K.GENERAL_TYPE).contents() == K.TYPE_MEMORY
+    assert r.get_field(K.VERSION).contents() == K.FORMAT_VERSION
+    assert r.get_field(K.FP_POLICY).contents() == "sekv" and r.get_field(K.FP_BUDGET_CELLS).contents() == 512
+    assert any(t.name == K.TOKENS_TENSOR for t in r.tensors)
