@@ -5,7 +5,6 @@ files are memory files (``sekv_gguf.memory_file``), never pickles."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from collections import OrderedDict
@@ -17,6 +16,7 @@ import numpy as np
 from llama_cpp.llama_cache import BaseLlamaCache
 
 from .errors import MemoryFileError
+from .memory_dir import common_prefix, file_name
 from .memory_file import memory_from_bytes, read_tokens, write_bytes_atomically
 
 CACHE_SUFFIX = ".sekvmem.gguf"
@@ -60,19 +60,6 @@ class SekvState:
         return state
 
 
-def _tokens_name(tokens: Sequence[int]) -> str:
-    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()[:32] + CACHE_SUFFIX
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class SekvDiskCache(BaseLlamaCache):
     """A directory of memory files (mode 0700, files 0600), indexed by the tokens each memory holds (read from
     the files when the cache opens; a damaged file is skipped with a warning). ``cache[tokens]`` is the state whose
@@ -107,7 +94,7 @@ class SekvDiskCache(BaseLlamaCache):
     def _find_longest_prefix_key(self, key: Sequence[int]) -> Path | None:  # type: ignore[override]
         best, best_n = None, 0
         for path, tokens in self._index.items():
-            n = _common(tokens, key)
+            n = common_prefix(tokens, key)
             if n > best_n:
                 best, best_n = path, n
         return best
@@ -132,7 +119,7 @@ class SekvDiskCache(BaseLlamaCache):
         if not isinstance(value, SekvState):
             raise TypeError(f"SekvDiskCache holds SekvLlama states (SekvState), not {type(value).__name__}")
         tokens = tuple(int(t) for t in value.input_ids[:value.n_tokens])
-        path = self.dir / _tokens_name(tokens)
+        path = self.dir / file_name(tokens, CACHE_SUFFIX)
         write_bytes_atomically(path, value.llama_state)
         self._index.pop(path, None)
         self._index[path] = tokens

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 
 from .errors import MemoryFileError, SekvError
 from .memory_dir import MemoryDir, common_prefix

@@ -64,8 +64,9 @@ class DirMatch:
     n_tokens: int
 
 
-def file_name(tokens: Sequence[int]) -> str:
-    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()[:32] + SUFFIX
+def file_name(tokens: Sequence[int], suffix: str = SUFFIX) -> str:
+    """The file a memory of ``tokens`` is saved in: a hash of the tokens."""
+    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()[:32] + suffix
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -82,7 +82,7 @@ def capture(model: object, tokens: list[int], sekv: SekvConfig, cap: CaptureConf
             in_span[g] = i
         n_layer = s.hook.info.n_layer_kv
         layer = s.hook.layers[0]
-        n_head, n_head_kv, group = layer.n_head, layer.n_head_kv, layer.n_head // layer.n_head_kv
+        n_head, group = layer.n_head, layer.n_head // layer.n_head_kv
         keys_all = [s.hook.get_values(ikv, s.hook.cells_of(n_pre))[0].astype(np.float64)
                     for ikv in range(n_layer)]  # [n_pre, Hkv, d] per layer
         summaries = [np.stack([weighted_mean(k[g], surp[g]) for g in spans]).astype(np.float64)
