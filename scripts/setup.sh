@@ -7,7 +7,7 @@
 #
 # Steps (the first three in scripts/build_llama.sh): fetch the pinned llama-cpp-python sdist with pip and check its sha256; apply patches/ (any hunk that
 # does not apply stops the build); build libllama + ggml (with the RPC backend) and ggml-rpc-server with CMake;
-# install llama-cpp-python's Python files and the built libraries into .venv (.venv/bin/ggml-rpc-server); install sekv_gguf (and its cffi native module) in editable mode.
+# install llama-cpp-python's Python files (with patches/python/ applied: its server loads SekvLlama, docs/serving.md) and the built libraries into .venv (.venv/bin/ggml-rpc-server); install sekv_gguf (and its cffi native module) in editable mode.
 # Builds are cached under $SEKV_CACHE (default ~/.cache/sekv_gguf), keyed by a hash of sdist + patches + flags,
 # so a second run is a no-op. Nothing depends on the cache being there.
 set -euo pipefail
@@ -29,8 +29,13 @@ command -v ninja >/dev/null || die "ninja not found"
 # key of the native build (scripts/build_llama.sh prints its library directory: $CACHE/llama/KEY/lib)
 KEY="$(SEKV_DRY_KEY=1 bash "$ROOT/scripts/build_llama.sh" release)"
 
-# key of the whole set-up: native build + our package sources
-STAMP_KEY="$( { echo "$KEY"; cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/pins.sh" "$ROOT/scripts/build_llama.sh" "$ROOT"/native/*; } | sha256sum | cut -c1-16)"
+# patches to llama-cpp-python's Python files (its server): applied at install time (step 3), outside the native key
+shopt -s nullglob
+PY_PATCHES=("$ROOT"/patches/python/*.patch)
+shopt -u nullglob
+
+# key of the whole set-up: native build + our package sources + the Python patches
+STAMP_KEY="$( { echo "$KEY"; cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/pins.sh" "$ROOT/scripts/build_llama.sh" "$ROOT"/native/* ${PY_PATCHES[@]+"${PY_PATCHES[@]}"}; } | sha256sum | cut -c1-16)"
 if [ -f "$VENV/.sekv-setup" ] && [ "$(cat "$VENV/.sekv-setup")" = "$STAMP_KEY" ]; then
     log "up to date (.venv, build $KEY)"
     exit 0
@@ -49,10 +54,22 @@ VPY="$VENV/bin/python"
 LIB="$(PYTHON="$VPY" bash "$ROOT/scripts/build_llama.sh" release)"
 SRC="$(dirname "$LIB")/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
 
-# 3. llama-cpp-python's Python package (no native build: the libraries come from step 2)
+# 3. llama-cpp-python's Python package (no native build: the libraries come from step 2), from a copy of the cached
+#    tree with patches/python/ applied (any hunk that does not apply stops the set-up; the cache stays untouched)
 log "installing llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (patched libllama)"
+PYSRC_PARENT="$(mktemp -d)"
+trap 'rm -rf "$PYSRC_PARENT"' EXIT
+PYSRC="$PYSRC_PARENT/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+mkdir "$PYSRC"
+tar -C "$SRC" --exclude=./.git -cf - . | tar -C "$PYSRC" -xf -
+for p in ${PY_PATCHES[@]+"${PY_PATCHES[@]}"}; do
+    log "applying python/$(basename "$p")"
+    # the copy has no .git: git apply works on the tree itself (never on a repository above it)
+    (cd "$PYSRC" && export GIT_CEILING_DIRECTORIES="$PYSRC_PARENT" && git apply --check "$p" && git apply "$p") \
+        || die "patch python/$(basename "$p") does not apply to llama-cpp-python $LLAMA_CPP_PYTHON_VERSION"
+done
 CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$VPY" -m pip install -q --no-build-isolation --force-reinstall \
-    "$SRC"
+    "$PYSRC"
 PKG_LIB="$("$VPY" -c 'import importlib.util, os; print(os.path.join(os.path.dirname(importlib.util.find_spec("llama_cpp").origin), "lib"))')"
 mkdir -p "$PKG_LIB"
 rm -f "$PKG_LIB"/lib*.so* "$PKG_LIB/ggml-rpc-server"
