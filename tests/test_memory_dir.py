@@ -164,6 +164,52 @@ def test_serve_saves_at_shutdown_and_a_restart_restores_the_conversation(tmp_pat
     assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0.8 * r["usage"]["prompt_tokens"], r["usage"]
 
 
+def test_serve_killed_mid_request_keeps_every_conversation_saved_before_it(tmp_path):
+    """``serve --memory-dir`` killed with SIGKILL while it prefills a second conversation: the first one's file,
+    written after its request, is whole and loads; nothing half-written is taken for a memory; a restarted server
+    continues the first conversation from its file."""
+    import signal
+    import threading
+    import time
+
+    import httpx
+
+    from helpers import start_server
+
+    mdir = tmp_path / "conversations"
+    first_msgs = [{"role": "user", "content": "Remember this: " + prose(1500, 200)}]
+    body = {"model": "m", "messages": first_msgs, "max_tokens": 8, "temperature": 0}
+    proc, base = start_server("--memory-dir", str(mdir))
+    try:
+        first = httpx.post(base + "/v1/chat/completions", json=body, timeout=300).json()
+        deadline = time.time() + 120
+        while not _files(mdir) and time.time() < deadline:  # written in the background after the request
+            time.sleep(0.2)
+        assert len(_files(mdir)) == 1
+        other = {"model": "m", "messages": [{"role": "user", "content": prose(9000, 4000)}], "max_tokens": 64}
+        threading.Thread(target=lambda: httpx.post(base + "/v1/chat/completions", json=other, timeout=300),
+                         daemon=True).start()
+        time.sleep(1.5)  # the second conversation is being prefilled
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    files = _files(mdir)
+    assert len(files) == 1 and read_memory_file(files[0]).tokens  # whole, and it loads
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
+    reply = first["choices"][0]["message"]["content"]
+    body["messages"] = first_msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And?"}]
+    proc, base = start_server("--memory-dir", str(mdir))
+    try:
+        r = httpx.post(base + "/v1/chat/completions", json=body, timeout=300).json()
+        stats = httpx.get(base + "/sekv/stats", timeout=30).json()
+    finally:
+        proc.kill()
+    assert stats["disk_restores"] == 1, stats
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0.8 * r["usage"]["prompt_tokens"], r["usage"]
+
+
 def test_chat_saves_and_resumes_a_conversation(tiny_llama, tmp_path):
     """``/save NAME`` writes the memory and the messages; ``--resume NAME`` in a new chat starts from them: the
     next turn reuses the memory instead of prefilling it."""
