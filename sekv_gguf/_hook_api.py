@@ -221,6 +221,12 @@ sekv_layer_callback = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_void_p)
 def sekv_layer_cb_set(ctx: int, cb: Any, user_data: Any, /) -> int: ...
 
 
+# LLAMA_API int32_t sekv_kv_layer_on_host(struct llama_context * ctx, int32_t ikv, int32_t * out);
+@ctypes_function("sekv_kv_layer_on_host", [llama_context_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)],
+                 ctypes.c_int32)
+def sekv_kv_layer_on_host(ctx: int, ikv: int, out: Any, /) -> int: ...
+
+
 # LLAMA_API int32_t sekv_io_counters(struct llama_context * ctx, uint64_t * out, int32_t n);
 @ctypes_function("sekv_io_counters", [llama_context_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int32],
                  ctypes.c_int32)

@@ -290,6 +290,13 @@ class KVHook:
 
     # -- transfers ---------------------------------------------------------------------------------------------
 
+    def on_host(self, ikv: int) -> bool:
+        """Whether layer ``ikv``'s K and V live in host memory (the CPU) rather than on a device (a GPU, an RPC
+        server), where every row read is a transfer."""
+        out = ctypes.c_int32()
+        check("sekv_kv_layer_on_host", api.sekv_kv_layer_on_host(self.ctx, ikv, ctypes.byref(out)))
+        return bool(out.value)
+
     def io_counters(self) -> tuple[int, int, int, int]:
         """The hook's own transfers between host and device memory since the context was created (rows, bias,
         query capture; none where the cache is in host memory): (bytes host→device, calls host→device,
