@@ -13,7 +13,7 @@ from typing import Any, Callable, TypeVar
 
 import llama_cpp.llama_cpp as _llama
 
-SEKV_API_VERSION = 2
+SEKV_API_VERSION = 3
 
 # enum sekv_status
 SEKV_OK = 0
@@ -219,3 +219,15 @@ sekv_layer_callback = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_void_p)
 # LLAMA_API int32_t sekv_layer_cb_set(struct llama_context * ctx, sekv_layer_callback cb, void * user_data);
 @ctypes_function("sekv_layer_cb_set", [llama_context_p, sekv_layer_callback, ctypes.c_void_p], ctypes.c_int32)
 def sekv_layer_cb_set(ctx: int, cb: Any, user_data: Any, /) -> int: ...
+
+
+# LLAMA_API int32_t sekv_kv_layer_on_host(struct llama_context * ctx, int32_t ikv, int32_t * out);
+@ctypes_function("sekv_kv_layer_on_host", [llama_context_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)],
+                 ctypes.c_int32)
+def sekv_kv_layer_on_host(ctx: int, ikv: int, out: Any, /) -> int: ...
+
+
+# LLAMA_API int32_t sekv_io_counters(struct llama_context * ctx, uint64_t * out, int32_t n);
+@ctypes_function("sekv_io_counters", [llama_context_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int32],
+                 ctypes.c_int32)
+def sekv_io_counters(ctx: int, out: Any, n: int, /) -> int: ...

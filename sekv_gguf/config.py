@@ -282,7 +282,8 @@ class SekvConfig:
         "layer", 'how a turn reaches the spans its question needs. "layer": one decode; inside it, each hooked layer '
                  "routes with that layer's query of this decode and zooms before its attention reads the cache (the "
                  "hook's layer callback), so every token of the turn reads the zoomed spans without a second pass; "
-                 'where the callback is unsupported (cache not in host memory) it falls back to "refresh": decode, '
+                 'where the hook refuses the callback (the context has an eval callback of its own) it falls back '
+                 'to "refresh": decode, '
                  "route with the captured queries, decode the turn again (the tail refresh of zoom_lag_refresh)",
         choices=("layer", "refresh"))
     chunk_routing: str = setting(

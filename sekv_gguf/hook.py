@@ -288,6 +288,23 @@ class KVHook:
         check("sekv_qcap_get", api.sekv_qcap_get(self.ctx, ikv, _ptr(out, ctypes.c_float), out.size))
         return out
 
+    # -- transfers ---------------------------------------------------------------------------------------------
+
+    def on_host(self, ikv: int) -> bool:
+        """Whether layer ``ikv``'s K and V live in host memory (the CPU) rather than on a device (a GPU, an RPC
+        server), where every row read is a transfer."""
+        out = ctypes.c_int32()
+        check("sekv_kv_layer_on_host", api.sekv_kv_layer_on_host(self.ctx, ikv, ctypes.byref(out)))
+        return bool(out.value)
+
+    def io_counters(self) -> tuple[int, int, int, int]:
+        """The hook's own transfers between host and device memory since the context was created (rows, bias,
+        query capture; none where the cache is in host memory): (bytes host→device, calls host→device,
+        bytes device→host, calls device→host)."""
+        out = (ctypes.c_uint64 * 4)()
+        check("sekv_io_counters", api.sekv_io_counters(self.ctx, out, 4))
+        return int(out[0]), int(out[1]), int(out[2]), int(out[3])
+
     # -- layer callback ----------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -295,8 +312,9 @@ class KVHook:
         """Within the block, every decode calls ``fn(ikv)`` at each hooked layer once its query is captured and
         before its attention reads the cache: ``query(ikv)`` is this decode's, and ``get_rows`` / ``set_rows`` /
         ``set_bias_cells`` / ``set_bias`` take effect for that layer's attention in the same decode (claiming and
-        releasing cells are refused). Needs query capture and the bias on, and the cache in host memory
-        (``UnsupportedModelError`` otherwise). An exception ``fn`` raises stops the calls and is raised when the
+        releasing cells are refused). Needs query capture and the bias on (``HookStateError`` otherwise); works
+        wherever the cache lives (host memory, a GPU, an RPC server); ``UnsupportedModelError`` where the context
+        already has an eval callback of its own. An exception ``fn`` raises stops the calls and is raised when the
         block ends (the decode it happened in still ran to its end)."""
         failure: list[BaseException] = []
 

@@ -43,6 +43,12 @@ class SekvStats:
     chunk_routes: int = 0                       # routings inside streamed prompt chunks (chunk_routing)
     refreshed_tokens: int = 0                   # prompt tokens decoded again by tail refreshes (refresh_window)
     host_rows_read_per_chunk_route: float = 0.0  # per layer and chunk routing
+    # the hook's own transfers between host and device memory per decode step (rows, bias, query capture; 0 where
+    # the cache is in host memory): bytes and calls host->device, device->host
+    h2d_bytes_per_step: float = 0.0
+    h2d_calls_per_step: float = 0.0
+    d2h_bytes_per_step: float = 0.0
+    d2h_calls_per_step: float = 0.0
 
 
 @dataclass

@@ -26,7 +26,7 @@ def _streamed(model, toks: list[int], chunk_routing: str, refused: bool = False)
                      compress_when_fits=True, elastic_window=False, max_new_zooms=10_000, zoom_lag_refresh=False)
     policy = make_policy("sekv", model, len(toks) + 1, ContextConfig(flash_attn=False),
                          BudgetConfig(kv_budget=2048, chunk=128), cfg)
-    if refused:  # a device whose cache is not in host memory: the hook refuses the layer callback
+    if refused:  # where the hook refuses the layer callback (the context has an eval callback of its own)
         policy.routing.layer_callback = False
     logits = policy.prefill(toks)
     return policy, logits

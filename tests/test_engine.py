@@ -3,6 +3,7 @@ when the budget covers the context: test_policies.py)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from helpers import prose
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import generate, make_policy
-from sekv_gguf.errors import BudgetError
+from sekv_gguf.errors import BudgetError, UnsupportedModelError
 
 
 def _tokens(model, n_chars: int, offset: int = 0) -> list[int]:
@@ -45,7 +46,8 @@ def test_full_rank_all_zoomed_equals_full(llama_model, gemma_model, which, flash
     np.testing.assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max())
 
 
-@pytest.mark.parametrize("which, routing", [("llama", "layer"), ("gemma", "layer"), ("llama", "refresh")])
+@pytest.mark.parametrize("which, routing", [("llama", "layer"), ("gemma", "layer"), ("llama", "refresh"),
+                                           ("llama", "refused")])
 def test_a_turn_zoomed_inside_its_decode_equals_full(llama_model, gemma_model, which, routing):
     """The exactness anchor for a turn: after an exact full-rank prefill, every zoom is dropped (the spans are then
     invisible: their summary rows stay masked), so the turn's routing must rebuild every span in every layer. With
@@ -53,24 +55,35 @@ def test_a_turn_zoomed_inside_its_decode_equals_full(llama_model, gemma_model, w
     equal full KV's only if every layer read its zoomed spans in that same decode. ``refresh`` gets there with a
     second pass on llama; not on Gemma's iSWA after an exact prefill, where it can re-decode only the last token
     (the sliding-window cache moved over from the full context holds no more), so the turn's earlier tokens keep
-    what they read without the spans."""
-    model = llama_model if which == "llama" else gemma_model
+    what they read without the spans. ``refused``: ``"layer"`` where the hook refuses the callback — the turn falls
+    back to the two passes, with the same logits. (test_rpc.py runs this body with the cache on RPC servers.)"""
+    turn_zoomed_inside_its_decode(llama_model if which == "llama" else gemma_model, routing)
+
+
+def turn_zoomed_inside_its_decode(model, routing: str, **ctx: object) -> tuple[np.ndarray, float]:
+    """The body of the test above, with ``ctx`` added to the contexts' ``ContextConfig``: the turn's logits and the
+    seconds its append took."""
     toks = _tokens(model, 700, offset=3000)
     turn = _tokens(model, 90, offset=9000)[1:13]
-    cc = ContextConfig(flash_attn=False)  # the F32 softmax path: exact to float32 (see the test above)
+    cc = ContextConfig(flash_attn=False, **ctx)  # the F32 softmax path: exact to float32 (see the test above)
     full = make_policy("full", model, len(toks) + 32, cc, BudgetConfig(chunk=128))
     full.prefill(toks)
     want = full.append(turn)
     full.close()
+    layer = routing in ("layer", "refused")
     cfg = SekvConfig(prefill="exact", energy=1.0, zoom_share=0.6, compress_when_fits=True, elastic_window=False,
-                     host_format="f16", turn_routing=routing)
+                     host_format="f16", turn_routing="layer" if layer else routing)
     policy = make_policy("sekv", model, len(toks) + 32, cc, BudgetConfig(kv_budget=2048, chunk=128), cfg)
     try:
         policy.prefill(toks)
+        if routing == "refused":
+            _refuse_layer_callback(policy)
         policy.memory.zoom.forget(0)
         assert not any(policy.memory.zoom.resident)
         decoded = policy.session.decoded_tokens
+        t0 = time.perf_counter()
         got = policy.append(turn)
+        took = time.perf_counter() - t0
         spans = len(policy.memory.store)
         assert all(len(resident) == spans for resident in policy.memory.zoom.resident)
         assert (policy.session.decoded_tokens - decoded == len(turn)) == (routing == "layer")
@@ -78,30 +91,54 @@ def test_a_turn_zoomed_inside_its_decode_equals_full(llama_model, gemma_model, w
     finally:
         policy.close()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    return got, took
 
 
-@pytest.mark.parametrize("which, routing", [("llama", "layer"), ("gemma", "layer"), ("llama", "lagged")])
+def _refuse_layer_callback(policy) -> None:
+    """Make the policy's hook refuse the layer callback as llama.cpp does where it cannot run it (the context has
+    an eval callback of its own): ``UnsupportedModelError`` when armed, before anything is decoded."""
+    def refused(fn):
+        raise UnsupportedModelError("sekv_layer_cb_set", -2, "the context already has an eval callback of its own")
+
+    policy.memory.hook.layer_callback = refused
+
+
+@pytest.mark.parametrize("which, routing", [("llama", "layer"), ("gemma", "layer"), ("llama", "lagged"),
+                                           ("llama", "refused")])
 def test_a_step_routed_inside_its_decode_equals_full(llama_model, gemma_model, which, routing):
     """The same anchor for a decode step: every zoom dropped after an exact full-rank prefill, the next step is a
     routing step (``route_every=1``, no cap on new zooms). With ``step_routing="layer"`` it rebuilds every span
     inside its own decode with its own query, so its logits equal full KV's; routed after the decode ("lagged"),
-    the step read no span at all and its logits differ — the lag this setting removes."""
-    model = llama_model if which == "llama" else gemma_model
+    the step read no span at all and its logits differ — the lag this setting removes. ``refused``: ``"layer"``
+    where the hook refuses the callback — routed after the decode, as lagged. (test_rpc.py runs this body over
+    RPC.)"""
+    step_routed_inside_its_decode(llama_model if which == "llama" else gemma_model, which, routing)
+
+
+def step_routed_inside_its_decode(model, which: str, routing: str, **ctx: object) -> tuple[np.ndarray, float]:
+    """The body of the test above, with ``ctx`` added to the contexts' ``ContextConfig``: the step's logits and the
+    seconds it took."""
     toks = _tokens(model, 700, offset=3000)
     nxt = _tokens(model, 40, offset=9000)[5]
-    cc = ContextConfig(flash_attn=False)
+    cc = ContextConfig(flash_attn=False, **ctx)
     full = make_policy("full", model, len(toks) + 32, cc, BudgetConfig(chunk=128))
     full.prefill(toks)
     want = full.step(nxt)
     full.close()
+    layer = routing in ("layer", "refused")
     cfg = SekvConfig(prefill="exact", energy=1.0, zoom_share=0.6, compress_when_fits=True, elastic_window=False,
-                     host_format="f16", step_routing=routing, route_every=1, max_new_zooms=10_000)
+                     host_format="f16", step_routing="layer" if layer else routing, route_every=1,
+                     max_new_zooms=10_000)
     policy = make_policy("sekv", model, len(toks) + 32, cc, BudgetConfig(kv_budget=2048, chunk=128), cfg)
     try:
         policy.prefill(toks)
+        if routing == "refused":
+            _refuse_layer_callback(policy)
         policy.memory.zoom.forget(0)
         decoded = policy.session.decoded_tokens
+        t0 = time.perf_counter()
         got = policy.step(nxt)
+        took = time.perf_counter() - t0
         assert policy.session.decoded_tokens - decoded == 1  # one pass either way
         assert all(len(resident) == len(policy.memory.store) for resident in policy.memory.zoom.resident)
         assert policy.memory.counters.layer_routed_steps == (routing == "layer")
@@ -116,6 +153,7 @@ def test_a_step_routed_inside_its_decode_equals_full(llama_model, gemma_model, w
         np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
     else:
         assert np.abs(got - want).max() > 1e-3 * np.abs(want).max()
+    return got, took
 
 
 def test_compression_invariants_and_budget(llama_model):

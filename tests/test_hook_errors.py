@@ -114,6 +114,9 @@ def test_null_buffers_and_wrong_sizes(s):
         (lambda: api.sekv_qcap_get(s.ctx, 0, None, 64), "out is NULL"),
         (lambda: api.sekv_qcap_get(s.ctx, 0, (ctypes.c_float * 8)(), 8), "out has 8 entries, n_head\\*head_dim_k = 64"),
         (lambda: api.sekv_layer_cb_set(None, api.sekv_layer_callback(lambda ikv, user: None), None), "ctx is NULL"),
+        (lambda: api.sekv_io_counters(s.ctx, None, 4), "out is NULL"),
+        (lambda: api.sekv_io_counters(s.ctx, (ctypes.c_uint64 * 3)(), 3), "out has 3 entries, 4 needed"),
+        (lambda: api.sekv_io_counters(None, (ctypes.c_uint64 * 4)(), 4), "ctx is NULL"),
     ]
     for call, message in cases:
         with pytest.raises(HookValueError, match=message):

@@ -184,23 +184,23 @@ def test_a_turn_is_decoded_once_with_one_logits_row(llama_model, gemma_model, wh
 
 
 def _refuse_layer_callback(policy, monkeypatch) -> list:
-    """Make the policy's hook refuse the layer callback as a cache outside host memory does; the list of the
-    refused requests."""
+    """Make the policy's hook refuse the layer callback as a context with an eval callback of its own does; the list
+    of the refused requests."""
     from sekv_gguf.errors import UnsupportedModelError
 
     refused = []
 
     def unsupported(fn):
         refused.append(fn)
-        raise UnsupportedModelError("sekv_layer_cb_set", -2, "the cache of layer 0 is not in host memory")
+        raise UnsupportedModelError("sekv_layer_cb_set", -2, "the context already has an eval callback of its own")
 
     monkeypatch.setattr(policy.session.hook, "layer_callback", unsupported)
     return refused
 
 
 def test_a_turn_falls_back_to_two_passes_where_the_layer_callback_is_unsupported(llama_model, monkeypatch):
-    """Where the hook refuses the layer callback (a cache outside host memory: UnsupportedModelError before any
-    decode), the turn takes the two-pass path, counted once, and later turns go there directly."""
+    """Where the hook refuses the layer callback (UnsupportedModelError before any decode), the turn takes the
+    two-pass path, counted once, and later turns go there directly."""
     doc, turn = _tokens(llama_model, 1400, 300), _tokens(llama_model, 21, 7000)[1:]
     policy = make_policy("sekv", llama_model, 2000, budget=BUDGET)
     try:

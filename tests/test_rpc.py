@@ -20,14 +20,17 @@ import numpy as np
 import pytest
 
 from helpers import ROOT, free_port, prose
-from sekv_gguf.config import ContextConfig
+from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
+from sekv_gguf.engine import make_policy
 from sekv_gguf.errors import RpcEndpointError, RpcError
 from sekv_gguf.llm import SekvLlama
 from sekv_gguf.rpc import BACKEND_LOST_EXIT, RpcServer, parse_endpoints
 from sekv_gguf.serve import ServeConfig
-from sekv_gguf.session import Session
+from sekv_gguf.session import Session, load_model
 
+import test_engine
 import test_hook_bias
+import test_hook_layer_callback
 import test_hook_query
 import test_hook_rows
 
@@ -188,6 +191,182 @@ def test_query_capture(rpc_session, tiny_llama, tiny_gemma):
     test_hook_query.test_capture_follows_each_decode(rpc_session, tiny_llama)
 
 
+# -- the layer callback on remote buffers: routing inside a decode, as locally ----------------------------------
+
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["flash", "softmax"])
+def test_layer_callback(rpc_session, tiny_llama, tiny_gemma, flash_attn):
+    """Each hooked layer is called once, in order, with this decode's query; rows and bias written inside the call
+    act on that layer's attention in the same decode, bit for bit as written before it (the last layer: on the
+    second server in the two-server placement); errors raised inside surface after the decode."""
+    for model in ("llama", "gemma"):
+        if flash_attn:
+            test_hook_layer_callback.test_each_layer_is_called_once_in_order_with_this_decodes_query(
+                rpc_session, tiny_llama, tiny_gemma, model)
+        test_hook_layer_callback.test_rows_and_bias_written_in_the_callback_act_on_the_same_decode(
+            rpc_session, tiny_llama, tiny_gemma, model, flash_attn)
+    test_hook_layer_callback.test_callback_errors_surface_after_the_decode(rpc_session, tiny_llama)
+
+
+def test_bias_writes_are_counted_transfers_not_a_per_decode_upload(servers, tiny_llama):
+    """The bias lives on the server: a decode moves none of the hook's bytes; a bias write of a few cells is one
+    small transfer per layer; a row read is counted device->host. Locally nothing is counted."""
+    for remote in (True, False):
+        s = Session.open(tiny_llama, ContextConfig(n_ctx=256, rpc_servers=(servers[0],) if remote else ()))
+        try:
+            s.hook.enable_bias()
+            s.decode(s.tokenize(prose(200)), logits="none")
+            before = s.hook.io_counters()
+            s.decode(s.tokenize(" next", add_bos=False))
+            assert s.hook.io_counters() == before  # no upload of the bias per decode
+            n_layer = s.hook.info.n_layer_kv
+            s.hook.set_bias_cells(-1, [3, 4, 5], -np.inf)
+            h2d, calls, d2h, gets = s.hook.io_counters()
+            if not remote:
+                assert (h2d, calls, d2h, gets) == (0, 0, 0, 0)
+                continue
+            assert (h2d - before[0], calls - before[1]) == (3 * 4 * n_layer, n_layer)
+            s.hook.set_bias(0, np.zeros(s.hook.info.kv_size, np.float32))
+            assert s.hook.io_counters()[:2] == (h2d + 4 * s.hook.info.kv_size, calls + 1)
+            k, v = s.hook.get_rows(0, [0, 1, 2])
+            assert s.hook.io_counters()[2:] == (d2h + k.nbytes + v.nbytes, gets + 2)
+        finally:
+            s.close()
+
+
+def _remote_model(path: Path, servers: list[str], placement: str):
+    n_servers, n_gpu_layers = PLACEMENTS[placement]
+    return load_model(path, ContextConfig(rpc_servers=tuple(servers[:n_servers]), n_gpu_layers=n_gpu_layers))
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+@pytest.mark.parametrize("which, routing", [("llama", "layer"), ("gemma", "layer"), ("llama", "refresh"),
+                                           ("llama", "refused")])
+def test_a_turn_routed_inside_its_decode_over_rpc(servers, tiny_llama, tiny_gemma, llama_model, gemma_model,
+                                                  placement, which, routing):
+    """test_engine's turn anchor with the model and its cache on RPC servers: routed inside its one decode, the
+    turn's logits equal full KV's (the same body) and, bit for bit, the same turn's logits locally; the two-pass
+    fallback (``refresh``, or ``refused``: the hook refusing the callback) too. Times printed (``-s``)."""
+    remote = _remote_model(tiny_llama if which == "llama" else tiny_gemma, servers, placement)
+    try:
+        got, took = test_engine.turn_zoomed_inside_its_decode(remote, routing)
+    finally:
+        remote.close()
+    want, took_local = test_engine.turn_zoomed_inside_its_decode(llama_model if which == "llama" else gemma_model,
+                                                                 routing)
+    np.testing.assert_array_equal(got, want)
+    print(f"\nturn {which} {routing} {placement}: {took * 1e3:.1f} ms over RPC, {took_local * 1e3:.1f} ms locally")
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+@pytest.mark.parametrize("which, routing", [("llama", "layer"), ("gemma", "layer"), ("llama", "lagged")])
+def test_a_step_routed_inside_its_decode_over_rpc(servers, tiny_llama, tiny_gemma, llama_model, gemma_model,
+                                                  placement, which, routing):
+    """test_engine's step anchor over RPC: the routing step's logits equal full KV's when routed inside its decode,
+    and the same step's locally bit for bit."""
+    remote = _remote_model(tiny_llama if which == "llama" else tiny_gemma, servers, placement)
+    try:
+        got, took = test_engine.step_routed_inside_its_decode(remote, which, routing)
+    finally:
+        remote.close()
+    want, took_local = test_engine.step_routed_inside_its_decode(llama_model if which == "llama" else gemma_model,
+                                                                 which, routing)
+    np.testing.assert_array_equal(got, want)
+    print(f"\nstep {which} {routing} {placement}: {took * 1e3:.1f} ms over RPC, {took_local * 1e3:.1f} ms locally")
+
+
+def _routed_generation(model, toks: list[int], turn: list[int]) -> tuple[list[int], object]:
+    """Greedy tokens of a sekv memory whose every routing runs inside a decode (streamed chunks, a turn, steps), and
+    its counters."""
+    cfg = SekvConfig(prefill="streaming", chunk_routing="layer", turn_routing="layer", step_routing="layer",
+                     route_every=2)
+    policy = make_policy("sekv", model, len(toks) + len(turn) + 32, ContextConfig(),
+                         BudgetConfig(kv_budget=512, chunk=128), cfg)
+    try:
+        out: list[int] = []
+        logits = policy.prefill(toks)
+        for part in range(2):
+            for _ in range(8):
+                out.append(int(np.argmax(logits)))
+                logits = policy.step(out[-1])
+            if part == 0:
+                logits = policy.append(turn)
+        return out, policy.memory.counters
+    finally:
+        policy.close()
+
+
+@pytest.mark.parametrize("which", ["llama", "gemma"])
+def test_routed_generation_over_rpc_is_token_identical(servers, tiny_llama, tiny_gemma, llama_model, gemma_model,
+                                                       which):
+    """A small budget, streamed prompt chunks, a turn and decode steps all routed inside their decodes over RPC:
+    the same tokens as locally, and the callback really ran there."""
+    local = llama_model if which == "llama" else gemma_model
+    toks = local.tokenize(prose(3000, 100).encode(), add_bos=True, special=False)[:900]
+    turn = local.tokenize(prose(120, 5000).encode(), add_bos=False, special=False)[:20]
+    want, _ = _routed_generation(local, toks, turn)
+    remote = _remote_model(tiny_llama if which == "llama" else tiny_gemma, servers, "one-server")
+    try:
+        got, counters = _routed_generation(remote, toks, turn)
+    finally:
+        remote.close()
+    assert got == want
+    assert counters.chunk.routes > 0 and counters.layer_routed_turns == 1 and counters.layer_routed_steps == 8
+
+
+def _stepped(model, toks: list[int], host_keys: bool = True, n: int = 12):
+    """A sekv memory at a small budget, prefilled and stepped ``n`` greedy tokens (routing every 2nd step, after the
+    step); ``host_keys=False``: the zoom slots keep no host copy of their K rows. The policy (open: close it)."""
+    cfg = SekvConfig(prefill="streaming", route_every=2)
+    policy = make_policy("sekv", model, len(toks) + n + 8, ContextConfig(), BudgetConfig(kv_budget=512, chunk=128),
+                         cfg)
+    if not host_keys:
+        policy.memory.zoom.host_keys = [None] * len(policy.memory.zoom.host_keys)
+    logits = policy.prefill(toks)
+    for _ in range(n):
+        logits = policy.step(int(np.argmax(logits)))
+    return policy
+
+
+def test_zoomed_keys_are_kept_on_the_host_and_transfers_are_reported(servers, tiny_llama, llama_model):
+    """Over RPC the zoom slots keep their spans' K rows on the host: they equal what the device cells hold, and a
+    routing no longer reads them back (fewer device->host bytes per step, the same tokens); the stats report the
+    hook's transfers per step. Locally nothing is kept twice and nothing is counted."""
+    toks = llama_model.tokenize(prose(3000, 300).encode(), add_bos=True, special=False)[:900]
+    local = _stepped(llama_model, toks)
+    try:
+        zoom = local.memory.zoom
+        assert all(keys is None for keys in zoom.host_keys)
+        st = local.stats().sekv
+        assert (st.h2d_bytes_per_step, st.h2d_calls_per_step, st.d2h_bytes_per_step, st.d2h_calls_per_step) == (0, 0,
+                                                                                                                0, 0)
+        want_tokens = local.tokens
+    finally:
+        local.close()
+    remote = _remote_model(tiny_llama, servers, "one-server")
+    try:
+        per_step = {}
+        for host_keys in (True, False):
+            policy = _stepped(remote, toks, host_keys)
+            try:
+                zoom, hook = policy.memory.zoom, policy.session.hook
+                assert policy.tokens == want_tokens
+                st = policy.stats().sekv
+                assert st.h2d_calls_per_step > 0 and st.d2h_calls_per_step > 0 and st.d2h_bytes_per_step > 0
+                per_step[host_keys] = st.d2h_bytes_per_step
+                if host_keys:
+                    assert sum(len(r) for r in zoom.resident) > 0
+                    for ikv, resident in enumerate(zoom.resident):
+                        assert set(zoom.host_keys[ikv]) == set(resident)
+                        for sid, idx in resident.items():
+                            k, _ = hook.get_values(ikv, zoom.slots[idx])
+                            np.testing.assert_array_equal(zoom.host_keys[ikv][sid], k.astype(np.float16))
+            finally:
+                policy.close()
+    finally:
+        remote.close()
+    assert per_step[True] < per_step[False]
+
+
 # -- policies: the same tokens over RPC ----------------------------------------------------------------------------
 
 def _greedy(path: str, text: str, n: int, **kw: object) -> str:
@@ -249,8 +428,9 @@ def test_run_and_info_take_rpc(servers, tiny_llama):
 
 CHILD = """
 import sys, time
-from sekv_gguf.config import ContextConfig
-from sekv_gguf.session import Session
+from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
+from sekv_gguf.engine import make_policy
+from sekv_gguf.session import Session, load_model
 s = Session.open(sys.argv[1], ContextConfig(n_ctx=4096, rpc_servers=(sys.argv[2],), rpc_timeout_s=float(sys.argv[3])))
 toks = s.tokenize("word " * 200)
 s.decode(toks[:100], logits="none")

@@ -179,6 +179,15 @@ class SekvPolicy(Policy):
         self.notify()
 
     def _step(self, token: int) -> np.ndarray:
+        hook, counters = self.session.hook, self.memory.counters
+        before = hook.io_counters()
+        try:
+            return self._routed_step(token)
+        finally:
+            counters.step_io = [a + n - b for a, n, b in zip(counters.step_io, hook.io_counters(), before)]
+            counters.io_steps += 1
+
+    def _routed_step(self, token: int) -> np.ndarray:
         mem = self.memory
         mem.steps += 1  # this step's number (what a routing in or after its decode records)
         due = mem.steps % self.config.route_every == 0

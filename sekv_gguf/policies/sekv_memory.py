@@ -59,6 +59,10 @@ class RouteCounters:
     step_route_s: float = 0.0
     layer_routed_turns: int = 0  # turns routed inside their own decode (the layer callback)
     layer_routed_steps: int = 0
+    # the hook's transfers between host and device memory during decode steps (KVHook.io_counters; none where the
+    # cache is in host memory): bytes and calls host->device, bytes and calls device->host, and the steps counted
+    step_io: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    io_steps: int = 0
     refreshed_tokens: int = 0    # prompt tokens decoded again by tail refreshes
     prompt: RouteCounts = field(default_factory=RouteCounts)  # after a prompt or turn
     step: RouteCounts = field(default_factory=RouteCounts)    # at decode steps
@@ -103,9 +107,10 @@ class SekvMemory:
 
     def _shared(self) -> list[Any]:
         """What copies share instead of copying: the fixed parts, the configurations the store and segmenter hold,
-        and the span data (immutable once placed)."""
+        and the span data (immutable once placed, as are the zoomed spans' host K rows)."""
         configs = [self.store.config, getattr(self.segmenter, "config", None), self.session.model]
-        return [getattr(self, a) for a in self._FIXED] + configs + self.store.shared_objects()
+        held = [k for keys in self.zoom.host_keys if keys is not None for k in keys.values()]  # never changed in place
+        return [getattr(self, a) for a in self._FIXED] + configs + self.store.shared_objects() + held
 
     def copy(self) -> "SekvMemory":
         """An independent copy of the memory's state (the fixed parts and the immutable span data shared)."""
@@ -261,7 +266,9 @@ class SekvMemory:
             host_rows_read_per_prompt_route=per_layer(counters.prompt, counters.prompt.host_rows),
             chunk_routes=counters.chunk.routes, refreshed_tokens=counters.refreshed_tokens,
             host_rows_read_per_chunk_route=per_layer(counters.chunk, counters.chunk.host_rows),
-            route_ms_per_step=1e3 * counters.step_route_s / max(self.steps, 1))
+            route_ms_per_step=1e3 * counters.step_route_s / max(self.steps, 1),
+            **{f"{name}_per_step": n / max(counters.io_steps, 1) for name, n in
+               zip(("h2d_bytes", "h2d_calls", "d2h_bytes", "d2h_calls"), counters.step_io)})
 
     # -- plain data --------------------------------------------------------------------------------------------
 

@@ -1,6 +1,11 @@
 """Zoom slots: the cells of the budget reserved for rebuilt spans. Per hooked layer they hold that layer's zoomed
 spans (bias 0; the span's summary row gets -inf) or nothing (bias -inf); a layer keeps what it zoomed until the
-slots are needed for newer choices (least recently chosen first)."""
+slots are needed for newer choices (least recently chosen first).
+
+Where a layer's cache is on a device (a GPU, an RPC server), every row read or write is a transfer: the K rows a
+layer zooms are also kept on the host (``keys`` answers from them instead of reading the slots back at every
+routing; not where the cache is in host memory, which would hold the rows twice), and a routing's changes to a
+layer go out as one row write and one bias write per kind of change (new spans, evicted spans, summary cells)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import math
 
 import numpy as np
 
+from .. import kv_codec
 from ..hook import KVHook
 from ..spans import Span
 
@@ -26,6 +32,10 @@ class ZoomSlots:
         self.zooms = 0         # spans rebuilt into slots
         self.rebuilt_rows = 0  # token rows rebuilt
         self.changes = 0       # spans zoomed in or out (a routing that changes nothing leaves it)
+        # per layer: span id -> its K rows f16 [L, Hkv, d] as written, for layers whose cache is on a device (None:
+        # in host memory, read the slots); a span missing there (state loaded from plain data) is read back
+        self.host_keys: list[dict[int, np.ndarray] | None] = [
+            None if hook.on_host(ikv) else {} for ikv in range(n_layer)]
 
     @property
     def capacity(self) -> int:
@@ -33,16 +43,29 @@ class ZoomSlots:
         return self.n_zoom
 
     def keys(self, ikv: int) -> dict[int, np.ndarray]:
-        """span id -> K rows f16 [L, Hkv, d] of each span layer ``ikv`` holds, read from its device cells (what a
-        two-stage router judges resident spans by, without reading the host tier)."""
-        resident = self.resident[ikv]
-        if not resident:
-            return {}
-        idx = np.concatenate(list(resident.values()))                 # [n] slot indices, span after span
-        k, _ = self.hook.get_values(ikv, self.slots[idx])              # [n, Hkv, d] numbers (blocks dequantized)
-        k = k.astype(np.float16, copy=False)
-        cut = np.cumsum([0] + [i.size for i in resident.values()])
-        return {sid: k[cut[j]:cut[j + 1]] for j, sid in enumerate(resident)}
+        """span id -> K rows f16 [L, Hkv, d] of each span layer ``ikv`` holds, as its device cells hold them (what a
+        two-stage router judges resident spans by, without reading the host tier): the host copy where the layer
+        keeps one, else read from the cells (one read for all the spans)."""
+        resident, held = self.resident[ikv], self.host_keys[ikv]
+        out = {sid: held[sid] for sid in resident if sid in held} if held is not None else {}
+        read = [sid for sid in resident if sid not in out]
+        if read:
+            idx = np.concatenate([resident[sid] for sid in read])         # [n] slot indices, span after span
+            k, _ = self.hook.get_values(ikv, self.slots[idx])              # [n, Hkv, d] numbers (blocks dequantized)
+            k = k.astype(np.float16, copy=False)
+            cut = np.cumsum([0] + [resident[sid].size for sid in read])
+            for j, sid in enumerate(read):
+                out[sid] = k[cut[j]:cut[j + 1]]
+                if held is not None:
+                    held[sid] = out[sid]
+        return {sid: out[sid] for sid in resident}
+
+    def _key_numbers(self, ikv: int, k: np.ndarray) -> np.ndarray:
+        """K rows as written by ``set_rows`` ([L, Hkv, d] f16/f32, or a quantized cache's blocks) as the f16 numbers
+        ``keys`` returns: what ``get_values`` would read back."""
+        layer = self.hook.layers[ikv]
+        return kv_codec.decode(k, self.hook.info.type_k, layer.n_head_kv, layer.head_dim_k).astype(np.float16,
+                                                                                                    copy=False)
 
     def claim(self, cells: np.ndarray) -> None:
         """Take ``cells`` (free cells of the budget) as the slots, masked in every layer until used."""
@@ -58,6 +81,7 @@ class ZoomSlots:
 
     def load_plain(self, data: dict) -> None:
         self.slots = np.asarray(data["slots"], dtype=np.int32)
+        self.host_keys = [None if held is None else {} for held in self.host_keys]  # read back when first needed
         self.resident = [{int(k): np.asarray(v, dtype=np.int64) for k, v in r.items()} for r in data["resident"]]
         self.last_use = [{int(k): int(v) for k, v in u.items()} for u in data["last_use"]]
         if len(self.resident) != len(self.last_use):
@@ -67,9 +91,15 @@ class ZoomSlots:
     def forget(self, first: int) -> None:
         """Spans ``first, first+1, ...`` are gone (a rollback): free their slots in every layer."""
         for ikv, resident in enumerate(self.resident):
-            for sid in [s for s in resident if s >= first]:
-                self.hook.set_bias_cells(ikv, self.slots[resident.pop(sid)], NEG_INF)
+            gone = [s for s in resident if s >= first]
+            if not gone:
+                continue
+            idx = np.concatenate([resident.pop(sid) for sid in gone])
+            self.hook.set_bias_cells(ikv, self.slots[idx], NEG_INF)  # one write for the layer
+            for sid in gone:
                 del self.last_use[ikv][sid]
+                if self.host_keys[ikv] is not None:
+                    self.host_keys[ikv].pop(sid, None)
 
     def choose(self, scores: np.ndarray, lengths: np.ndarray) -> list[int]:
         """Span ids in descending score that fit the slots together (a span that does not fit is skipped)."""
@@ -95,16 +125,27 @@ class ZoomSlots:
         if capped and step > 0:
             want = want[: self.max_new]
         need = sum(spans[sid].length for sid in want)
+        held = self.host_keys[ikv]
+        # the layer's changes, written together at the end: slots masked / unmasked, summary cells' bias, new rows
+        masked: list[np.ndarray] = []
+        summary_cells: list[int] = []
+        summary_bias: list[float] = []
         for sid in sorted((s for s in resident if s not in chosen), key=lambda s: last_use[s]):
             if need <= int((~taken).sum()):
                 break
             idx = resident.pop(sid)
             del last_use[sid]
+            if held is not None:
+                held.pop(sid, None)
             taken[idx] = False
             self.changes += 1
-            hook.set_bias_cells(ikv, self.slots[idx], NEG_INF)
+            masked.append(idx)
             if spans[sid].summary_cell >= 0:
-                hook.set_bias_cells(ikv, [spans[sid].summary_cell], math.log(spans[sid].length))
+                summary_cells.append(spans[sid].summary_cell)
+                summary_bias.append(math.log(spans[sid].length))
+        new_idx: list[np.ndarray] = []
+        new_k: list[np.ndarray] = []
+        new_v: list[np.ndarray] = []
         for sid in want:
             span = spans[sid]
             free = np.flatnonzero(~taken)
@@ -112,16 +153,32 @@ class ZoomSlots:
                 continue
             idx = free[: span.length]
             taken[idx] = True
-            cells = self.slots[idx]
             # [L, Hkv, d] f16, or a quantized cache's blocks (kept ones byte for byte)
-            k = span.k[ikv].device_rows(hook.info.type_k)
-            v = span.v[ikv].device_rows(hook.info.type_v)
-            hook.set_rows(ikv, cells, k, v)
-            hook.set_bias_cells(ikv, cells, 0.0)
+            new_k.append(span.k[ikv].device_rows(hook.info.type_k))
+            new_v.append(span.v[ikv].device_rows(hook.info.type_v))
+            new_idx.append(idx)
+            if held is not None:
+                held[sid] = self._key_numbers(ikv, new_k[-1])
             if span.summary_cell >= 0:
-                hook.set_bias_cells(ikv, [span.summary_cell], NEG_INF)
+                summary_cells.append(span.summary_cell)
+                summary_bias.append(NEG_INF)
             resident[sid] = idx
             last_use[sid] = step
             self.zooms += 1
             self.changes += 1
             self.rebuilt_rows += span.length
+        if masked:
+            # slots freed and not taken again by a new span stay masked (a new span's slots get bias 0 below)
+            freed = np.concatenate(masked)
+            freed = freed[~taken[freed]]
+            if freed.size:
+                hook.set_bias_cells(ikv, self.slots[freed], NEG_INF)
+        if new_idx:
+            cells = self.slots[np.concatenate(new_idx)]
+            hook.set_rows(ikv, cells, np.concatenate([k.reshape(k.shape[0], -1) for k in new_k]),
+                          np.concatenate([v.reshape(v.shape[0], -1) for v in new_v]))
+            hook.set_bias_cells(ikv, cells, 0.0)
+        if summary_cells:
+            # a span evicted and zoomed again in one routing cannot happen (evicted spans are not chosen), so each
+            # summary cell appears once
+            hook.set_bias_cells(ikv, summary_cells, np.asarray(summary_bias, dtype=np.float32))
