@@ -120,7 +120,9 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
     runs = _runs(cfg)
     n_cases = len(cfg.lengths) * len(cfg.tasks) * len(cfg.haystacks) * cfg.samples
     n_fid = len(cfg.lengths) * cfg.fidelity_docs * len(cfg.fidelity_corpora)
-    bar = tqdm(total=n_cases * len(runs) + n_fid * len(runs), desc="eval", unit="run", disable=not progress)
+    # a fidelity document is its full-KV reference pass and every other run
+    n_fid_runs = n_fid * (1 + sum(name != "full" for name, _, _ in runs))
+    bar = tqdm(total=n_cases * len(runs) + n_fid_runs, desc="eval", unit="run", disable=not progress)
     cases: list[dict[str, Any]] = []
     fidelity: list[dict[str, Any]] = []
 
