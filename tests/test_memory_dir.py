@@ -132,6 +132,26 @@ def test_serve_config_takes_a_memory_dir(tmp_path):
 
 
 @pytest.mark.serve
+def _continue_after_restart(mdir: Path, messages: list[dict], first: dict) -> None:
+    """A server restarted on ``mdir`` continues the conversation of ``messages`` (answered ``first``) from its file:
+    one disk restore, most of the prompt cached."""
+    import httpx
+
+    from helpers import start_server
+
+    reply = first["choices"][0]["message"]["content"]
+    body = {"model": "m", "max_tokens": 8, "temperature": 0,
+            "messages": messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And?"}]}
+    proc, base = start_server("--memory-dir", str(mdir))
+    try:
+        r = httpx.post(base + "/v1/chat/completions", json=body, timeout=300).json()
+        stats = httpx.get(base + "/sekv/stats", timeout=30).json()
+    finally:
+        proc.kill()
+    assert stats["disk_restores"] == 1, stats
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0.8 * r["usage"]["prompt_tokens"], r["usage"]
+
+
 def test_serve_saves_at_shutdown_and_a_restart_restores_the_conversation(tmp_path):
     """``serve --memory-dir``: SIGTERM writes the conversation; a restarted server serves the next turn from the
     file (``disk_restores``, most of the prompt cached)."""
@@ -152,16 +172,7 @@ def test_serve_saves_at_shutdown_and_a_restart_restores_the_conversation(tmp_pat
     finally:
         proc.kill()
     assert len(_files(mdir)) == 1
-    reply = first["choices"][0]["message"]["content"]
-    body["messages"] = messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And?"}]
-    proc, base = start_server("--memory-dir", str(mdir))
-    try:
-        r = httpx.post(base + "/v1/chat/completions", json=body, timeout=300).json()
-        stats = httpx.get(base + "/sekv/stats", timeout=30).json()
-    finally:
-        proc.kill()
-    assert stats["disk_restores"] == 1, stats
-    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0.8 * r["usage"]["prompt_tokens"], r["usage"]
+    _continue_after_restart(mdir, messages, first)
 
 
 def test_serve_killed_mid_request_keeps_every_conversation_saved_before_it(tmp_path):
@@ -203,16 +214,7 @@ def test_serve_killed_mid_request_keeps_every_conversation_saved_before_it(tmp_p
     files = _files(mdir)
     assert len(files) == 1 and read_memory_file(files[0]).tokens  # whole, and it loads
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
-    reply = first["choices"][0]["message"]["content"]
-    body["messages"] = first_msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And?"}]
-    proc, base = start_server("--memory-dir", str(mdir))
-    try:
-        r = httpx.post(base + "/v1/chat/completions", json=body, timeout=300).json()
-        stats = httpx.get(base + "/sekv/stats", timeout=30).json()
-    finally:
-        proc.kill()
-    assert stats["disk_restores"] == 1, stats
-    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0.8 * r["usage"]["prompt_tokens"], r["usage"]
+    _continue_after_restart(mdir, first_msgs, first)
 
 
 def test_chat_saves_and_resumes_a_conversation(tiny_llama, tmp_path):
