@@ -72,21 +72,29 @@ def free_port() -> int:
 def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
     """``serve`` (SmolLM2 by path, 512 device cells, logical context 4096, ``flags``) on a free port, up and healthy; the
     process (stdout and stderr together, as text) and its base URL."""
-    import httpx
-
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sekv_gguf", "serve", str(smollm2_path()), "--port", str(port),
                              "--kv-budget", "512", "--n-ctx", "4096", *flags], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
+    wait_until_up(proc, base + "/health", "serve", lambda: proc.stdout.read())
+    return proc, base
+
+
+def wait_until_up(proc: subprocess.Popen, url: str, name: str, output: Callable[[], str],
+                  timeout_s: float = 120) -> None:
+    """Poll ``url`` until it answers 200; a ``RuntimeError`` with ``output()`` if ``proc`` exits first, or (after
+    killing it) when ``timeout_s`` passes."""
+    import httpx
+
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"serve exited: {proc.stdout.read()}")
+            raise RuntimeError(f"{name} exited: {output()}")
         try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
         except httpx.HTTPError:
             time.sleep(0.3)
     proc.kill()
-    raise RuntimeError("serve did not come up")
+    raise RuntimeError(f"{name} did not come up: {output()}")

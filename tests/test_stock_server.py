@@ -18,12 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 from pydantic import ValidationError
 
-from helpers import ROOT, free_port, prose
+from helpers import ROOT, free_port, prose, wait_until_up
 from sekv_gguf.llama_server import SEKV_SETTINGS
 from sekv_gguf.memory_dir import SUFFIX
 from sekv_gguf.models import smollm2_path
@@ -46,17 +45,8 @@ def _start(log: Path, *args: str) -> tuple[subprocess.Popen, str, int]:
                             stderr=subprocess.STDOUT, text=True, env=env)
     out.close()
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama_cpp.server exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(base + "/v1/models", timeout=1).status_code == 200:
-                return proc, base, port
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError(f"llama_cpp.server did not come up: {log.read_text()[-3000:]}")
+    wait_until_up(proc, base + "/v1/models", "llama_cpp.server", lambda: log.read_text()[-3000:])
+    return proc, base, port
 
 
 def _stop(proc: subprocess.Popen) -> None:
