@@ -1,9 +1,10 @@
-"""A conversation that outlives the process: a long document prefilled by ``SekvLlama`` (Gemma 3 270M by default),
-saved as a memory file (lossless and compact), then resumed in a new process; measured: the files' bytes against
-the document's full KV, the time to the first token of the next turn when resumed against prefilling the document
-again, whether the resumed continuation is token-identical to the saving process's, and how many such
-conversations fit in 8 GiB of host memory against llama.cpp's host prompt cache (full KV per conversation). Writes
-bench/<out>.json and .png.
+"""A conversation that outlives the process: a long document with three needles (SCBench's shared context: RULER's
+``niah_multiturn``, standard-library prose) prefilled by ``SekvLlama`` (Gemma 3 270M by default), saved as a memory
+file (lossless and compact), then resumed in a new process that asks the three questions one turn after another;
+measured: the files' bytes against the document's full KV, the time to the first answer when resumed against
+prefilling the document again, whether the resumed answers are the saving process's (greedy, token for token) and
+how many needles they hold, and how many such conversations fit in 8 GiB of host memory against llama.cpp's host
+prompt cache (full KV per conversation). Writes bench/<out>.json and .png.
 
     .venv/bin/python scripts/bench_persist.py --tokens 28000 --budget 0.1 --out bench/persist
 """
@@ -20,7 +21,6 @@ from pathlib import Path
 
 GIB = 1 << 30
 WARM_HOST_BYTES = 8 * GIB  # the host memory the warm conversations are counted in
-TURN = "\n\nQuestion: In one sentence, what is the text above about?\nAnswer:"
 N_ANSWER = 16
 MODES = ("lossless", "compact")
 
@@ -31,30 +31,41 @@ def _llm(model: str, n_ctx: int, budget: float, threads: int):
     return SekvLlama(model, n_ctx=n_ctx, kv_budget=budget, n_threads=threads, verbose=False)
 
 
-def _answer(llm, prompt: str) -> tuple[list[int], float]:
-    """Greedy ``N_ANSWER`` tokens after ``prompt``; (their ids, seconds to the first)."""
-    t0, first, ids = time.perf_counter(), None, []
-    for chunk in llm.create_completion(prompt, max_tokens=N_ANSWER, temperature=0.0, stream=True):
-        first = first or time.perf_counter() - t0
-        ids += llm.tokenize(chunk["choices"][0]["text"].encode(), add_bos=False, special=True)
-    return ids, first or 0.0
+def _conversation(llm, doc: str, turns: list[dict]) -> tuple[list[str], float]:
+    """Greedy ``N_ANSWER`` tokens after each question in turn (the conversation grows by question and answer); the
+    answers and the seconds to the first answer's first token."""
+    prompt, texts, first = doc, [], None
+    t0 = time.perf_counter()
+    for turn in turns:
+        prompt += turn["text"]
+        text = ""
+        for chunk in llm.create_completion(prompt, max_tokens=N_ANSWER, temperature=0.0, stream=True):
+            first = first or time.perf_counter() - t0
+            text += chunk["choices"][0]["text"]
+        texts.append(text)
+        prompt += text
+    return texts, first or 0.0
+
+
+def _held(turns: list[dict], texts: list[str]) -> int:
+    return sum(t["answer"] in text for t, text in zip(turns, texts))
 
 
 def resume(args: argparse.Namespace) -> int:
-    """The new process: load the memory file, answer the turn; one JSON line on stdout."""
+    """The new process: load the memory file, hold the conversation; one JSON line on stdout."""
     from sekv_gguf import SekvState
 
     t0 = time.perf_counter()
     llm = _llm(args.model, args.n_ctx, args.budget, args.threads)
     t_model = time.perf_counter() - t0
-    doc = Path(args.doc).read_text()
+    case = json.loads(Path(args.doc).read_text())
     t1 = time.perf_counter()
     llm.load_state(SekvState.load(args.resume))
     t_load = time.perf_counter() - t1
-    text = llm.create_completion(doc + TURN, max_tokens=N_ANSWER, temperature=0.0)["choices"][0]["text"]
-    t_answer = time.perf_counter() - t1
-    print(json.dumps({"load_s": t_load, "model_s": t_model, "first_answer_s": t_answer, "text": text,
-                      "cached_tokens": llm.counters.cached_tokens}))
+    cached = llm.counters.cached_tokens
+    texts, first = _conversation(llm, case["doc"], case["turns"])
+    print(json.dumps({"load_s": t_load, "model_s": t_model, "first_answer_s": t_load + first, "texts": texts,
+                      "needles": _held(case["turns"], texts), "cached_tokens": llm.counters.cached_tokens - cached}))
     llm.close()
     return 0
 
@@ -65,27 +76,29 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", help="GGUF model (default: Gemma 3 270M)")
+    ap.add_argument("--seed", type=int, default=0, help="the conversation's seed (needles, depths, keys)")
     ap.add_argument("--out", default="bench/persist")
     ap.add_argument("--resume", help=argparse.SUPPRESS)  # the child process: a memory file to resume
-    ap.add_argument("--doc", help=argparse.SUPPRESS)
+    ap.add_argument("--doc", help=argparse.SUPPRESS)  # the child process: the conversation (JSON)
     ap.add_argument("--n-ctx", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.resume:
         return resume(args)
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_peak import document
-
     from sekv_gguf.models import default_model_path
     from sekv_gguf.provenance import envelope
-    from sekv_gguf.session import full_kv_bytes
+    from sekv_gguf.ruler_tasks import niah_multiturn
+    from sekv_gguf.session import full_kv_bytes, load_model
 
     model = args.model or str(default_model_path())
+    count_model = load_model(model)
+    case = niah_multiturn(lambda text: len(count_model.tokenize(text.encode(), add_bos=True, special=False)),
+                          args.tokens, args.seed)
+    doc, turns = case.prompt, case.meta["turns"]
     with tempfile.TemporaryDirectory() as tmp:
-        doc = document(model, args.tokens).rsplit("\n\nQuestion:", 1)[0]
-        doc_path = Path(tmp) / "doc.txt"
-        doc_path.write_text(doc)
-        n_ctx = args.tokens + 256
+        doc_path = Path(tmp) / "case.json"
+        doc_path.write_text(json.dumps({"doc": doc, "turns": turns}))
+        n_ctx = args.tokens + 512
         llm = _llm(model, n_ctx, args.budget, args.threads)
         t0 = time.perf_counter()
         llm.create_completion(doc, max_tokens=1, temperature=0.0)
@@ -96,10 +109,10 @@ def main() -> int:
         files = {}
         for mode in MODES:
             t1 = time.perf_counter()
-            path = llm.save_state(mode).save(Path(tmp) / f"{mode}.gguf")
+            state = llm.save_state(mode)
+            path = state.save(Path(tmp) / f"{mode}.gguf")
             files[mode] = {"bytes": path.stat().st_size, "save_s": time.perf_counter() - t1, "path": str(path)}
-        want, _ = _answer(llm, doc + TURN)
-        want_text = llm.detokenize(want).decode("utf-8", "replace")
+        want, _ = _conversation(llm, doc, turns)
         llm.close()
         rows = []
         for mode in MODES:
@@ -112,14 +125,16 @@ def main() -> int:
             size = files[mode]["bytes"]
             rows.append({"mode": mode, "file_bytes": size, "file_over_full_kv": size / full,
                          "save_s": files[mode]["save_s"], **got,
-                         "same_answer": got["text"] == want_text,
+                         "same_answers": got["texts"] == want,
                          "first_answer_speedup_vs_prefill": prefill_s / max(got["first_answer_s"], 1e-9),
                          "warm_in_8gib": WARM_HOST_BYTES // size})
             print(f"{mode:>9}: file {size / 2**20:7.1f} MiB ({size / full:.2f} of full KV), load {got['load_s']:.2f} s,"
-                  f" answer after {got['first_answer_s']:.2f} s (prefill {prefill_s:.1f} s), same answer "
-                  f"{got['text'] == want_text}", file=sys.stderr)
+                  f" first answer after {got['first_answer_s']:.2f} s (prefill {prefill_s:.1f} s), same answers "
+                  f"{got['texts'] == want}, needles {got['needles']}/{len(turns)}", file=sys.stderr)
     out = {**envelope(), "params": vars(args) | {"model": model}, "prompt_tokens": n_tokens, "full_kv_bytes": full,
-           "prefill_s": prefill_s, "answer": want_text, "warm_in_8gib_full_kv": WARM_HOST_BYTES // full, "rows": rows}
+           "task": "niah_multiturn", "haystack": "prose (standard-library docstrings)", "prefill_s": prefill_s,
+           "answers": want, "expected": [t["answer"] for t in turns], "needles": _held(turns, want),
+           "warm_in_8gib_full_kv": WARM_HOST_BYTES // full, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(out, indent=1))
     plot(out, Path(args.out + ".png"))

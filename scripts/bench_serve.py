@@ -5,7 +5,7 @@ server at a time, each in a fresh process: time to first token and prompt tokens
 without a title request between turns (as Open WebUI sends them), and device KV bytes. Then a soak of the SeKV
 server: concurrent clients, errors, resident memory. Writes bench/serve.json and bench/serve.png.
 
-    .venv/bin/python scripts/bench_serve.py [--models smollm2 gemma] [--turns 10] [--soak 200]
+    .venv/bin/python scripts/bench_serve.py [--models smollm2 gemma qwen-coder] [--turns 10] [--soak 200]
                                             [--reuse-stock-titles bench/serve.json]
 """
 
@@ -165,7 +165,7 @@ def soak(server: Server, n: int, workers: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="+", default=["smollm2", "gemma"], choices=["smollm2", "gemma"])
+    ap.add_argument("--models", nargs="+", default=["smollm2", "gemma"], choices=sorted(MODELS))
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--doc-chars", type=int, default=26000, help="document characters (~6K tokens)")
     ap.add_argument("--max-tokens", type=int, default=48)
@@ -178,7 +178,7 @@ def main() -> int:
     args = ap.parse_args()
     reused = json.loads(Path(args.reuse_stock_titles).read_text()) if args.reuse_stock_titles else None
     doc = document(args.doc_chars)
-    models = {name: (str(path()), fmt) for name, (path, fmt) in MODELS.items()}
+    models = {name: (str(MODELS[name][0]()), MODELS[name][1]) for name in {*args.models, "smollm2"}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {"name": "serve", **envelope(), "params": vars(args), "models": {}}

@@ -3,16 +3,16 @@ llama.cpp's own sequence state —, the memory object's plain data, the tokens, 
 (refused, naming the problem, into a policy of another model or settings). ``save_memory`` / ``load_memory`` do
 the same with a file.
 
-Modes. ``lossless``: everything; the next logits equal the saving process's bit for bit (CPU). ``compact``: every
-zoomed span back at summary resolution — the rows of the zoom slots (rebuilt from the host tier when a routing
-wants them again, as the next turn's does) are not saved, the slots come back empty and masked — and no carried
-logits (a vocabulary row, only the next append's first segmentation signal reads them); for a policy without zoom
-slots only the logits are dropped."""
+Modes. ``lossless``: everything; the next logits equal the saving process's bit for bit (CPU). ``compact``: what
+the restore can rebuild is left out — the zoom slots' rows (the spans that sit in them are kept and written again
+from the host tier, as a zoom writes them) and, on iSWA models, the sliding-window cache with the window's newest
+``n_swa + tail_refresh`` tokens (decoded again on restore over the memory, as the prompt's tail refresh decodes
+them: the next logits are close to, not equal to, the saving process's) — and no carried logits; for a policy
+without zoom slots only the logits are dropped."""
 
 from __future__ import annotations
 
 import ctypes
-import math
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,11 @@ import numpy as np
 
 from ..errors import MemoryFileError, SekvError
 from ..policies.base import Policy
+from ..policies.prefill import redecode_tail
 from ..policies.snapshot import DeviceState, Snapshot
 from .fileio import MODES, SavedMemory, read_memory_file, write_memory_file
 from .fingerprint import Fingerprint
 
-NEG_INF = float("-inf")
 FULL = "full"  # the policy whose device state is llama.cpp's own sequence state
 
 
@@ -60,21 +60,33 @@ def _device_plain(state: DeviceState, blank: np.ndarray) -> dict[str, Any]:
             "swa": state.swa}
 
 
-def _unzoom(device: DeviceState, memory: dict[str, Any]) -> np.ndarray:
-    """Every zoomed span back at summary resolution in ``device`` (biases) and ``memory`` (the zoom slots' plain
-    data), as ``ZoomSlots`` evicts a span; the bool mask of ``device.cells`` that are zoom slots."""
-    zoom, spans = memory["zoom"], memory["store"]["spans"]
-    slots = np.asarray(zoom["slots"], dtype=np.int32)
-    if device.bias is not None:
-        for ikv, resident in enumerate(zoom["resident"]):
-            for sid, idx in resident.items():
-                device.bias[ikv][slots[idx]] = NEG_INF
-                span = spans[int(sid)]
-                if int(span["summary_cell"]) >= 0:
-                    device.bias[ikv][int(span["summary_cell"])] = math.log(int(np.asarray(span["positions"]).size))
-    zoom["resident"] = [{} for _ in zoom["resident"]]
-    zoom["last_use"] = [{} for _ in zoom["last_use"]]
-    return np.isin(device.cells, slots)
+def _recompute_tokens(policy: Policy, memory: dict[str, Any], device: DeviceState) -> int:
+    """How many of the newest tokens a compact file of a SeKV memory leaves to its restore: on an iSWA model the
+    last token's sliding window and the tail refresh's tokens before it (``n_swa + tail_refresh``, or what the
+    window holds if less: the first tokens decoded again see a shorter window in the local layers, and warm the
+    sliding-window cache up for the last ``n_swa``); 0 elsewhere, or where the window holds no more than ``n_swa``
+    tokens (the rows and the sliding-window cache are kept)."""
+    info = policy.session.hook.info
+    if device.swa is None or not info.is_iswa:
+        return 0
+    n_swa = int(info.n_swa)
+    k = min(n_swa + int(getattr(policy, "tail_refresh", 0)), len(memory["window"]["pos"]))
+    return k if k > n_swa else 0
+
+
+def _compact(policy: Policy, device: DeviceState, memory: dict[str, Any]) -> np.ndarray:
+    """Leave out of ``device`` what a compact restore rebuilds; the bool mask of ``device.cells`` whose rows are not
+    saved (records in ``memory`` how many tokens the restore decodes again)."""
+    blank = np.zeros(device.cells.size, dtype=bool)
+    if "zoom" not in memory or "window" not in memory:
+        return blank
+    blank |= np.isin(device.cells, np.asarray(memory["zoom"]["slots"], dtype=np.int32))
+    k = _recompute_tokens(policy, memory, device)
+    if k:
+        blank |= np.isin(device.cells, np.asarray(memory["window"]["cell"])[-k:])
+        device.swa = None
+    memory["recompute"] = k
+    return blank
 
 
 def _saved(policy: Policy, tokens: list[int], device: dict[str, Any] | DeviceState, memory: dict[str, Any],
@@ -83,9 +95,7 @@ def _saved(policy: Policy, tokens: list[int], device: dict[str, Any] | DeviceSta
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     fp = Fingerprint.of(policy, tokens)
     if isinstance(device, DeviceState):
-        blank = np.zeros(device.cells.size, dtype=bool)
-        if mode == "compact" and "zoom" in memory and "store" in memory:
-            blank = _unzoom(device, memory)
+        blank = _compact(policy, device, memory) if mode == "compact" else np.zeros(device.cells.size, dtype=bool)
         device = _device_plain(device, blank)
     if mode == "compact" and "prev_logits" in memory:
         memory["prev_logits"] = None
@@ -149,9 +159,13 @@ def restore_into(policy: Policy, saved: SavedMemory, source: str = "saved memory
             _put_seq_state(policy, device["llama_seq"])
         else:
             _device_state(device).put(policy.session)
-        policy.memory.load_plain(content["memory"])
+        memory = content["memory"]
+        recompute = int(memory.get("recompute", 0)) if isinstance(memory, dict) else 0
+        policy.memory.load_plain(memory)
         policy.tokens = saved.tokens
         policy.phase = "decode"
+        if saved.mode == "compact" and "zoom" in memory and "window" in memory:
+            _rebuild(policy, saved.tokens, recompute)
     except Exception as e:
         policy.reset()
         if isinstance(e, MemoryFileError):
@@ -163,6 +177,17 @@ def restore_into(policy: Policy, saved: SavedMemory, source: str = "saved memory
         n = policy.n_tokens
         policy.reset()
         raise MemoryFileError(f"{source}: its cells end at position {last}, not at its {n} tokens")
+
+
+def _rebuild(policy: Policy, tokens: list[int], recompute: int) -> None:
+    """What a compact file left out: the zoomed spans' rows from the host tier, then the newest ``recompute``
+    tokens decoded again (the window's newest rows, the sliding-window cache, the next logits)."""
+    memory = policy.memory
+    memory.zoom.rebuild(memory.store.spans)
+    if recompute:
+        if not 0 < recompute <= min(len(tokens), len(memory.window)):
+            raise ValueError(f"{recompute} tokens to decode again, the window holds {len(memory.window)}")
+        redecode_tail(memory, tokens, recompute)
 
 
 def save_memory(policy: Policy, path: str | Path, mode: str = "lossless") -> Path:

@@ -154,14 +154,27 @@ def refresh_tail(memory: SekvMemory, tokens: list[int], n: int | None = None) ->
     has zoomed in for the prompt's end: the question at the end of a long prompt then reads the rebuilt spans, not
     only their summaries (``SekvPolicy.tail_refresh``: on iSWA models also the sliding window before it)."""
     session, window = memory.session, memory.window
-    p_last = session.pos_max()
     k = max(1, min(memory.config.refresh_tokens if n is None else n, len(tokens), len(window)))
     if session.hook.info.is_iswa:
         # the sliding-window cache must still hold the window before the tail; a cache moved over with the state
         # API holds only the last n_swa positions
         k = min(k, 1 if memory.swa_transferred else session.swa_redo())
+    return redecode_tail(memory, tokens, k)
+
+
+def redecode_tail(memory: SekvMemory, tokens: list[int], k: int) -> np.ndarray:
+    """Remove the newest ``k`` tokens (all in the window; ``tokens`` ends with them) from the cache and decode them
+    again over the memory as it is now (the tail refresh; the restore of a compact memory file, which rebuilds the
+    window's newest rows and the sliding-window cache so); their window signal is kept. The next token's logits."""
+    session, window = memory.session, memory.window
+    if not (0 < k <= min(len(window), len(tokens))):
+        raise ValueError(f"cannot decode the newest {k} tokens again ({len(tokens)} given): the window holds "
+                         f"{len(window)}")
+    # the window's newest position, not the context's: a restored sliding-window cache may still be empty
+    p_last = int(window.pos[-1])
     p0 = p_last - k + 1
-    assert window.pos[-k] == p0 and window.pos[-1] == p_last
+    if window.pos[-k] != p0:
+        raise ValueError(f"the window's newest {k} positions are not consecutive (from {window.pos[-k]} to {p_last})")
     llama_cpp.llama_memory_seq_rm(session.memory, 0, p0, -1)
     signal = window.signal[-k:]
     window.drop_newest(k)

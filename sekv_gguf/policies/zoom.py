@@ -88,6 +88,25 @@ class ZoomSlots:
             raise ValueError("saved zoom slots: resident and last_use differ in layers")
         self.zooms, self.rebuilt_rows, self.changes = int(data["zooms"]), int(data["rebuilt_rows"]), int(data["changes"])
 
+    def rebuild(self, spans: list[Span]) -> None:
+        """Write every resident span's rows into its slots again from the host tier, as ``zoom`` wrote them (a
+        compact memory file leaves the slots' rows out); biases are not touched."""
+        hook = self.hook
+        for ikv, resident in enumerate(self.resident):
+            if not resident:
+                continue
+            sids = list(resident)
+            bad = [sid for sid in sids if not (0 <= sid < len(spans) and resident[sid].size == spans[sid].length
+                                               and resident[sid].max(initial=-1) < self.slots.size)]
+            if bad:
+                raise ValueError(f"zoom slots of layer {ikv}: span {bad[0]} does not fit its slots")
+            # [n, Hkv * d] rows (f16, or a quantized cache's blocks), span after span
+            k = [spans[sid].k[ikv].device_rows(hook.info.type_k) for sid in sids]
+            v = [spans[sid].v[ikv].device_rows(hook.info.type_v) for sid in sids]
+            hook.set_rows(ikv, self.slots[np.concatenate([resident[sid] for sid in sids])],
+                          np.concatenate([r.reshape(r.shape[0], -1) for r in k]),
+                          np.concatenate([r.reshape(r.shape[0], -1) for r in v]))
+
     def forget(self, first: int) -> None:
         """Spans ``first, first+1, ...`` are gone (a rollback): free their slots in every layer."""
         for ikv, resident in enumerate(self.resident):
