@@ -9,8 +9,11 @@ seeds into its documents.
 
 Retrieval tasks (``niah_*``, ``kv_retrieval``, ``variable_tracking``) and ``arithmetic`` insert their sentences into a
 haystack, each at the sentence boundary nearest its depth (a fraction of the context's characters): ``"filler"`` is
-RULER's repeated noise sentences, ``"prose"`` is ``stdlib_prose()`` from a paragraph picked by the seed. In
-``frequent_words`` the word list is the whole context, and the haystack picks its vocabulary: RULER's random letter
+RULER's repeated noise sentences, ``"prose"`` is ``stdlib_prose()`` from a paragraph picked by the seed, ``"code"``
+is ``stdlib_code()`` (standard-library source) from a blank line picked by the seed, where a fact may start any
+line. ``code_function`` inserts a function definition and asks what it returns (a function defined early in a long
+file, called late); ``table_lookup`` is a long CSV table, the whole context (its case's haystack is ``"table"``),
+and asks for one row's code by its id. In ``frequent_words`` the word list is the whole context, and the haystack picks its vocabulary: RULER's random letter
 strings for ``"filler"``, words of the prose for ``"prose"``. Sentence boundaries in the prose are a few hundred
 characters apart at most, so a fact sits within 0.05 of its depth from ~2K tokens on (further off in shorter prose).
 
@@ -48,10 +51,14 @@ FIRST_NAMES = ["Ada", "Bruno", "Celia", "Dmitri", "Elena", "Farid", "Greta", "Hu
                "Mira", "Nils", "Oona", "Pavel", "Rosa", "Soren", "Tamsin", "Viktor"]
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-HAYSTACKS = ("filler", "prose")
+HAYSTACKS = ("filler", "prose", "code")
+# the standard-library modules whose source is the code haystack (and the code fidelity corpus)
+CODE_MODULES = ("argparse", "difflib", "textwrap", "json.decoder", "json.encoder", "logging", "collections",
+                "unittest.case", "dataclasses", "string")
 
 # a new sentence starts after ., ! or ? and whitespace, after a blank line, or at a code/table/list line
 _BOUNDARY = re.compile(r"[.!?]\s+|\n\s*\n\s*|\n(?=[ \t]*[>|+*%-])")
+_LINE_START = re.compile(r"\n")  # in code a fact may start any line
 _ADJECTIVES = ["amber", "brisk", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen",
                "lofty", "mellow", "nimble", "odd", "plain", "quiet", "rusty", "silent", "tidy"]
 _NOUNS = ["anchor", "badger", "candle", "dagger", "engine", "falcon", "garden", "harbor", "island", "jacket", "kettle",
@@ -114,9 +121,23 @@ def _prose() -> str:
     return stdlib_prose()
 
 
-def _rotated(start: int, sep: str) -> str:
-    """The prose from character ``start`` on, then ``sep`` and the prose up to ``start``."""
-    text = _prose()
+@lru_cache(maxsize=1)
+def stdlib_code() -> str:
+    """Python source found on every machine: the standard library's ``CODE_MODULES``, one after the other."""
+    import importlib
+    import inspect
+
+    return "\n\n".join(f"# {name}\n" + inspect.getsource(importlib.import_module(name)) for name in CODE_MODULES)
+
+
+def _text(haystack: str) -> str:
+    """The natural text a haystack is cut from: the prose, or the code."""
+    return stdlib_code() if haystack == "code" else _prose()
+
+
+def _rotated(start: int, sep: str, text: str | None = None) -> str:
+    """The prose (or ``text``) from character ``start`` on, then ``sep`` and the part before ``start``."""
+    text = _prose() if text is None else text
     return text[start:] + sep + text[:start]
 
 
@@ -131,10 +152,12 @@ def _check_haystack(haystack: str) -> None:
 
 
 def _haystack_unit(haystack: str, rng: random.Random) -> str:
-    """The text the haystack repeats: the filler sentences, or the prose rotated to start at a seeded paragraph."""
+    """The text the haystack repeats: the filler sentences, or the prose (the code) rotated to start at a seeded
+    paragraph (blank line)."""
     if haystack == "filler":
         return FILLER + " "
-    return _rotated(rng.choice([0] + [m.end() for m in re.finditer(r"\n\n", _prose())]), "\n\n")
+    text = _text(haystack)
+    return _rotated(rng.choice([0] + [m.end() for m in re.finditer(r"\n\n", text)]), "\n\n", text)
 
 
 def _body(unit: str, n_chars: int) -> str:
@@ -146,10 +169,10 @@ def _body(unit: str, n_chars: int) -> str:
     return body.rstrip()
 
 
-def _insert(body: str, inserts: list[_Insert], sep: str) -> tuple[str, list[int]]:
-    """``body`` with every insert at the sentence boundary that puts its anchor nearest its depth (a fraction of the
-    result's length), and the inserts' offsets in the result."""
-    bounds = [0] + [m.end() for m in _BOUNDARY.finditer(body)] + ([len(body)] if body.endswith((".", "!", "?")) else [])
+def _insert(body: str, inserts: list[_Insert], sep: str, boundary: re.Pattern = _BOUNDARY) -> tuple[str, list[int]]:
+    """``body`` with every insert at the sentence boundary (``boundary``; in code any line start) that puts its anchor
+    nearest its depth (a fraction of the result's length), and the inserts' offsets in the result."""
+    bounds = [0] + [m.end() for m in boundary.finditer(body)] + ([len(body)] if body.endswith((".", "!", "?")) else [])
     total = len(body) + sum(len(x.text) + len(sep) for x in inserts)
     parts: list[str] = []
     offsets = [0] * len(inserts)
@@ -198,9 +221,10 @@ def _haystack_case(task: str, count: Count, n_tokens: int, seed: int, haystack: 
                    **extra) -> Case:
     """A haystack fitted to ``n_tokens`` with ``inserts`` in it, between ``head`` and ``tail``."""
     unit = _haystack_unit(haystack, rng)
-    size = fit_size(count, n_tokens, lambda n: head + _insert(_body(unit, n), inserts, sep)[0] + tail,
+    cuts = _LINE_START if haystack == "code" else _BOUNDARY
+    size = fit_size(count, n_tokens, lambda n: head + _insert(_body(unit, n), inserts, sep, cuts)[0] + tail,
                     lo=0, guess=4 * n_tokens, what=f"task {task!r}")
-    context, offsets = _insert(_body(unit, size), inserts, sep)
+    context, offsets = _insert(_body(unit, size), inserts, sep, cuts)
     prompt = head + context + tail
     placed = sorted(({"text": x.text, "offset": off, "anchor": x.anchor, "depth": x.depth, "answer": x.answer}
                      for x, off in zip(inserts, offsets)), key=lambda d: d["offset"])
@@ -352,7 +376,7 @@ def _vocabulary(haystack: str, rng: random.Random, size: int) -> list[str]:
             words.add("".join(rng.choices(string.ascii_lowercase, k=rng.randint(4, 7))))
         vocab = rng.sample(sorted(words), size)
     else:
-        vocab = rng.sample(sorted(set(re.findall(r"(?<![\w'])[a-z]{4,12}(?![\w'])", _prose()))), size)
+        vocab = rng.sample(sorted(set(re.findall(r"(?<![\w'])[a-z]{4,12}(?![\w'])", _text(haystack)))), size)
     top = [w for w in vocab if not any(w != o and w in o for o in vocab)][:3]
     return top + [w for w in vocab if w not in top]
 
@@ -417,6 +441,79 @@ def arithmetic(count: Count, n_tokens: int, seed: int, haystack: str = "prose") 
                           f"\n\nQ: {question}\nA:", (str(answer),), "any", sep="\n\n", stop="\n")
 
 
+def code_function(count: Count, n_tokens: int, seed: int, haystack: str = "code",
+                  depth: float | None = None) -> Case:
+    """A function defined once in a long text (on the ``code`` haystack: standard-library source, so a function
+    among functions) and asked about at the end, as a later line of the file would call it: what it returns (a
+    7-digit number)."""
+    _check_haystack(haystack)
+    if depth is not None and not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth is a fraction of the context in [0, 1], got {depth}")
+    rng = random.Random(seed)
+    name = f"{rng.choice(_ADJECTIVES)}_{rng.choice(_NOUNS)}_code"
+    value = _value("numbers", rng)
+    drawn = _depth(rng)
+    # a blank line first: the definition starts a line of its own, unindented, wherever it lands
+    text = f'\ndef {name}():\n    """The special magic number of this module."""\n    return {value}\n'
+    head = "Below is a long Python source file. Read it carefully: you will be asked what one function returns.\n\n"
+    tail = f"\n\n# Question: What number does {name}() return?\n# Answer: The number {name}() returns is:"
+    return _haystack_case("code_function", count, n_tokens, seed, haystack, rng, head,
+                          [_Insert(text, drawn if depth is None else depth, True)], tail, (value,), "all",
+                          sep="\n\n")
+
+
+TABLE_HEADER = ("id", "name", "city", "code")
+
+
+def table_lookup(count: Count, n_tokens: int, seed: int, haystack: str = "prose",
+                 depth: float | None = None) -> Case:
+    """A row looked up by its key in a long CSV table (the table is the whole context: ``haystack`` is not used
+    and the case records ``table``): rows of a 5-letter id, a first name, a city and a 7-digit code; the asked row
+    at ``depth`` of the rows (drawn from the seed when None); its code is the answer."""
+    _check_haystack(haystack)
+    if depth is not None and not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth is a fraction of the context in [0, 1], got {depth}")
+    rng = random.Random(seed)
+    at = _depth(rng) if depth is None else depth
+    salt = rng.getrandbits(64)
+
+    def rows(n: int) -> list[tuple[str, ...]]:  # the first n rows of the seed's table (ids and codes distinct)
+        r, ids, codes, out = random.Random(salt), set(), set(), []
+        while len(out) < n:
+            key = "".join(r.choices(string.ascii_uppercase, k=5))
+            code = str(r.randint(1_000_000, 9_999_999))
+            if key not in ids and code not in codes:
+                ids.add(key)
+                codes.add(code)
+                out.append((key, r.choice(FIRST_NAMES), r.choice(_CITIES), code))
+        return out
+
+    def table(n: int) -> str:
+        return "\n".join(",".join(row) for row in [TABLE_HEADER, *rows(n)])
+
+    def prompt(n: int, key: str) -> str:
+        return head + table(n) + _question(key)
+
+    def _question(key: str) -> str:
+        return (f"\n\nQuestion: What is the code in the row whose id is {key}?\n"
+                f"Answer: The code in the row whose id is {key} is:")
+
+    head = "The table below lists records as CSV. You will be asked to look up one row by its id.\n\n"
+    n = fit_size(count, n_tokens, lambda n: prompt(n, "XXXXX"), lo=4, guess=max(8, n_tokens // 12),
+                 what="task 'table_lookup'")
+    body = rows(n)
+    idx = min(int(at * n), n - 1)
+    key, code = body[idx][0], body[idx][3]
+    context = table(n)
+    text = ",".join(body[idx])
+    offset = context.index("\n" + text + "\n" if idx < n - 1 else "\n" + text) + 1
+    full = head + context + _question(key)
+    return Case("table_lookup", full, (code,), "all", round(idx / n, 3), "table", seed, n_tokens,
+                _meta(count, full, head, context, (code,), n_rows=n,
+                      inserted=[{"text": text, "offset": offset, "anchor": 0, "depth": round(idx / n, 3),
+                                 "answer": True}]))
+
+
 TASKS: dict[str, Callable[..., Case]] = {
     "niah_number": niah_number,
     "niah_word": niah_word,
@@ -429,10 +526,15 @@ TASKS: dict[str, Callable[..., Case]] = {
     "variable_tracking": variable_tracking,
     "frequent_words": frequent_words,
     "arithmetic": arithmetic,
+    "code_function": code_function,
+    "table_lookup": table_lookup,
 }
+# tasks whose context is their own (not a haystack): an evaluation runs them once per length and seed
+OWN_CONTEXT_TASKS = ("table_lookup",)
 
 
-PINNED_DEPTH_TASKS = ("niah_number", "niah_word", "niah_uuid", "niah_multikey", "niah_multivalue", "niah_multiquery")
+PINNED_DEPTH_TASKS = ("niah_number", "niah_word", "niah_uuid", "niah_multikey", "niah_multivalue", "niah_multiquery",
+                      "code_function", "table_lookup")
 
 
 def make_case(task: str, count: Count, n_tokens: int, seed: int, haystack: str = "prose",

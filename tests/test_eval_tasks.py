@@ -12,13 +12,14 @@ from collections import Counter
 import pytest
 
 from sekv_gguf.eval import TASKS, Case, make_case, score
+from sekv_gguf.eval.tasks import HAYSTACKS
 
 COUNTS = {
     "chars/4": lambda text: len(text) // 4,
     "words": lambda text: 1 + len(re.findall(r"\w+|[^\w\s]", text)),  # a BOS and a word/punctuation tokenizer
 }
 count = COUNTS["chars/4"]
-HAYSTACKS = ("filler", "prose")
+OWN_HAYSTACK = {"table_lookup": "table"}  # the case's own context, not the haystack asked for
 ALL = list(TASKS)
 N_ANSWERS = {"niah_multivalue": 4, "niah_multiquery": 2, "niah_multiturn": 3, "variable_tracking": 5,
              "frequent_words": 3}
@@ -31,7 +32,8 @@ def context(case: Case) -> str:
 
 def test_task_names():
     assert ALL == ["niah_number", "niah_word", "niah_uuid", "niah_multikey", "niah_multivalue", "niah_multiquery",
-                   "niah_multiturn", "kv_retrieval", "variable_tracking", "frequent_words", "arithmetic"]
+                   "niah_multiturn", "kv_retrieval", "variable_tracking", "frequent_words", "arithmetic",
+                   "code_function", "table_lookup"]
 
 
 @pytest.mark.parametrize("haystack", HAYSTACKS)
@@ -44,13 +46,14 @@ def test_deterministic_per_seed(task, haystack):
     c = make_case(task, count, 1024, 4, haystack)
     assert repr(a) == repr(b)  # repr: depth may be NaN, and NaN != NaN
     assert a.prompt != c.prompt and a.answers != c.answers
-    assert (a.task, a.haystack, a.seed, a.n_tokens) == (task, haystack, 3, 1024)
+    hay = "table" if task == "table_lookup" else haystack
+    assert (a.task, a.haystack, a.seed, a.n_tokens) == (task, hay, 3, 1024)
 
 
 @pytest.mark.parametrize("task", ALL)
 def test_shape(task):
     case = make_case(task, count, 1024, 0)
-    assert case.haystack == "prose"  # the default
+    assert case.haystack == OWN_HAYSTACK.get(task, "prose")  # the default
     assert len(case.answers) == N_ANSWERS.get(task, 1)
     assert case.metric == ("any" if task == "arithmetic" else "all")
     leads = [t["text"] for t in case.meta["turns"]] if task == "niah_multiturn" else [case.prompt]
@@ -125,6 +128,26 @@ def test_frequent_words_are_the_top_three(haystack):
     ranked = Counter(context(case).split()).most_common(4)
     assert tuple(w for w, _ in ranked[:3]) == case.answers
     assert ranked[2][1] > ranked[3][1]
+
+
+@pytest.mark.parametrize("haystack", HAYSTACKS)
+def test_code_function_is_defined_once_and_asked_at_the_end(haystack):
+    case = make_case("code_function", count, 4096, 6, haystack, depth=0.3)
+    name = re.search(r"What number does (\w+)\(\) return\?", case.prompt[case.meta["context"][1]:]).group(1)
+    defs = re.findall(rf"^def {name}\(\):\n    .*\n    return (\d{{7}})$", context(case), re.M)
+    assert defs == [case.answers[0]]  # one unindented definition, returning the answer
+    assert abs(case.depth - 0.3) < 1e-9
+
+
+def test_table_lookup_rows():
+    case = make_case("table_lookup", count, 4096, 7, "prose", depth=0.8)
+    header, *rows = [line.split(",") for line in context(case).split("\n")]
+    assert header == ["id", "name", "city", "code"] and len(rows) == case.meta["n_rows"] > 100
+    assert all(len(r) == 4 for r in rows) and len({r[0] for r in rows}) == len(rows)
+    key = re.search(r"whose id is (\w{5})\?", case.prompt).group(1)
+    at = [i for i, r in enumerate(rows) if r[0] == key]
+    assert len(at) == 1 and rows[at[0]][3] == case.answers[0]
+    assert abs(at[0] / len(rows) - 0.8) <= 1 / len(rows)
 
 
 def test_arithmetic_shots():

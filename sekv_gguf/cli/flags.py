@@ -112,8 +112,9 @@ EVAL_FLAGS: dict[str, dict[str, Any]] = {
     "tasks": {"metavar": "TASK", "help": "tasks (default: all)"},
     "lengths": {"metavar": "TOKENS", "help": "prompt lengths"},
     "samples": {"help": "seeds per task, haystack and length (0: fidelity only)"},
-    "haystacks": {"choices": ["prose", "filler"], "help": "prose (natural text) and/or filler (RULER's repeated "
-                                                          "sentences)"},
+    "haystacks": {"choices": ["prose", "filler", "code"], "help": "prose (natural text), filler (RULER's repeated "
+                                                                  "sentences) and/or code (standard-library source; "
+                                                                  "table_lookup brings its own table)"},
     "n_predict": {"flags": ("-n", "--n-predict"), "help": "tokens generated per case"},
     "fidelity_docs": {"help": "natural-text documents per length"},
     "fidelity_steps": {"help": "teacher-forced tokens per document"},

@@ -13,20 +13,11 @@ from functools import lru_cache
 from typing import Callable
 
 from ..documents import stdlib_prose
+from ..ruler_tasks import stdlib_code
 
-CODE_MODULES = ("argparse", "difflib", "textwrap", "json.decoder", "json.encoder", "logging", "collections",
-                "unittest.case", "dataclasses", "string")
 TABLE_ROWS = 40             # rows per table before the format switches (CSV, then Markdown, ...)
 TABLE_FIRST_CODEPOINT = 0x20
 TABLE_LAST_CODEPOINT = 0x2FFF
-
-
-@lru_cache(maxsize=1)
-def stdlib_code() -> str:
-    """The source of ``CODE_MODULES``, one after the other."""
-    import importlib
-
-    return "\n\n".join(f"# {name}\n" + inspect.getsource(importlib.import_module(name)) for name in CODE_MODULES)
 
 
 @lru_cache(maxsize=1)

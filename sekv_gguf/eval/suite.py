@@ -18,7 +18,7 @@ from ..policies import POLICIES
 from ..policies.prefill import ExactPasses
 from .corpora import CORPORA
 from .fidelity import KL_TAIL, forced_logits, teacher_forced
-from .tasks import PINNED_DEPTH_TASKS, TASKS, make_case, score
+from .tasks import HAYSTACKS, OWN_CONTEXT_TASKS, PINNED_DEPTH_TASKS, TASKS, make_case, score
 
 DEFAULT_POLICIES = tuple(POLICIES)  # all of them: full, the baselines, sekv
 
@@ -29,8 +29,9 @@ class EvalConfig:
 
     policies / tasks: names from ``POLICIES`` / ``TASKS``. budgets: device budgets as fractions of prompt +
     generation (``full`` ignores them). lengths: prompt lengths in tokens. samples: seeds per (task, haystack,
-    length; 0: fidelity only). haystacks: "prose" (natural text) and/or "filler" (RULER's repeated sentences). n_predict: greedy
-    tokens generated per case. fidelity_docs / fidelity_steps: natural-text documents per length and teacher-forced
+    length; 0: fidelity only). haystacks: "prose" (natural text), "filler" (RULER's repeated sentences) and/or
+    "code" (standard-library source); a task with its own context (``OWN_CONTEXT_TASKS``: a table) runs once, under
+    the first. n_predict: greedy tokens generated per case. fidelity_docs / fidelity_steps: natural-text documents per length and teacher-forced
     tokens per document (0 docs: no fidelity); a fidelity run's budget is that share of the document, in cells,
     for a context of what it holds (half the document + the forced tokens). seed: first task seed. depths: pinned
     needle depths, sample s at ``depths[s % len(depths)]`` (empty: each seed draws its own; single-needle tasks
@@ -74,9 +75,9 @@ class EvalConfig:
         bad_c = [c for c in self.fidelity_corpora if c not in CORPORA]
         if bad_c or not self.fidelity_corpora:
             raise ValueError(f"fidelity corpora are {', '.join(CORPORA)}, got {list(self.fidelity_corpora)}")
-        bad_h = [h for h in self.haystacks if h not in ("prose", "filler")]
+        bad_h = [h for h in self.haystacks if h not in HAYSTACKS]
         if bad_h or not self.haystacks:
-            raise ValueError(f"haystacks are 'prose' and/or 'filler', got {list(self.haystacks)}")
+            raise ValueError(f"haystacks are {', '.join(HAYSTACKS)}, got {list(self.haystacks)}")
         if any(not 0 <= d <= 1 for d in self.depths):
             raise ValueError(f"depths are fractions of the context in [0, 1], got {list(self.depths)}")
         unpinned = [t for t in self.tasks if self.depths and t not in PINNED_DEPTH_TASKS]
@@ -118,7 +119,8 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
     tokenize = lambda text: model.tokenize(text.encode("utf-8"), add_bos=True, special=False)  # noqa: E731
     count = lambda text: len(tokenize(text))  # noqa: E731
     runs = _runs(cfg)
-    n_cases = len(cfg.lengths) * len(cfg.tasks) * len(cfg.haystacks) * cfg.samples
+    per_length = sum(1 if t in OWN_CONTEXT_TASKS else len(cfg.haystacks) for t in cfg.tasks)
+    n_cases = len(cfg.lengths) * per_length * cfg.samples
     n_fid = len(cfg.lengths) * cfg.fidelity_docs * len(cfg.fidelity_corpora)
     # a fidelity document is its full-KV reference pass and every other run
     n_fid_runs = n_fid * (1 + sum(name != "full" for name, _, _ in runs))
@@ -150,7 +152,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
 
     for length in cfg.lengths:
         for task in cfg.tasks:
-            for hay in cfg.haystacks:
+            for hay in cfg.haystacks[:1] if task in OWN_CONTEXT_TASKS else cfg.haystacks:
                 for s in range(cfg.samples):
                     depth = cfg.depths[s % len(cfg.depths)] if cfg.depths else None
                     case = make_case(task, count, length, cfg.seed + s, hay, depth)
@@ -158,7 +160,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                     # answers such as uuids or four 7-digit numbers need more tokens than the default
                     n_predict = max(cfg.n_predict, int(case.meta.get("max_new_tokens", 0)))
                     for name, budget, overrides in runs:
-                        row = {"task": task, "haystack": hay, "length": length, "seed": case.seed,
+                        row = {"task": task, "haystack": case.haystack, "length": length, "seed": case.seed,
                                "prompt_tokens": len(tokens), "depth": None if np.isnan(case.depth) else case.depth,
                                "answers": list(case.answers), "metric": case.metric,
                                "policy": label(name, overrides), "budget": budget}

@@ -4,9 +4,9 @@ match)."""
 
 from __future__ import annotations
 
-from ..ruler_tasks import PINNED_DEPTH_TASKS, TASKS, Case, make_case
+from ..ruler_tasks import HAYSTACKS, OWN_CONTEXT_TASKS, PINNED_DEPTH_TASKS, TASKS, Case, make_case
 
-__all__ = ["PINNED_DEPTH_TASKS", "TASKS", "Case", "make_case", "score"]
+__all__ = ["HAYSTACKS", "OWN_CONTEXT_TASKS", "PINNED_DEPTH_TASKS", "TASKS", "Case", "make_case", "score"]
 
 
 def score(case: Case, output: str) -> float:
