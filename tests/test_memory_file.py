@@ -5,7 +5,9 @@ files are written atomically with mode 0600."""
 
 from __future__ import annotations
 
+import base64
 import stat
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -215,6 +217,35 @@ def test_a_memory_is_refused_by_another_model(gemma_model, saved_file):
     try:
         with pytest.raises(MemoryMismatchError, match="another model: architecture saved 'llama', here 'gemma3'"):
             load_memory(policy, saved_file)
+    finally:
+        policy.close()
+
+
+def test_a_version_1_file_is_still_read_and_a_bad_layout_stream_refused(llama_model, tmp_path, monkeypatch):
+    """Version 2 stores the layout zlib-compressed (a twentieth of a compact file at 28K as plain JSON); a version-1
+    file (plain JSON) loads as before; a layout that is not a zlib stream, or inflates too far, is refused."""
+    from sekv_gguf.memory_file import fileio
+
+    policy = _make(llama_model)
+    try:
+        policy.append(_tokens(llama_model, 900, 300))
+        saved = capture(policy)
+        v2 = save_memory(policy, tmp_path / "v2.gguf")
+        monkeypatch.setattr(K, "FORMAT_VERSION", 1)
+        monkeypatch.setattr(fileio, "_pack_layout", lambda text: text)
+        v1 = fileio.write_memory_file(tmp_path / "v1.gguf", saved)
+        assert v1.stat().st_size > v2.stat().st_size
+        a, b = read_memory_file(v1), read_memory_file(v2)
+        assert a.tokens == b.tokens and a.mode == b.mode
+        assert all(np.array_equal(x, y) for x, y in zip(a.content["device"]["rows"][0], b.content["device"]["rows"][0]))
+        monkeypatch.setattr(K, "FORMAT_VERSION", 2)
+        monkeypatch.setattr(fileio, "_pack_layout", lambda text: "bm90IHpsaWI=")  # base64, not zlib
+        with pytest.raises(MemoryFileError, match="not a zlib stream"):
+            read_memory_file(fileio.write_memory_file(tmp_path / "bad.gguf", saved))
+        monkeypatch.setattr(K, "LAYOUT_MAX_BYTES", 64)
+        monkeypatch.setattr(fileio, "_pack_layout", lambda text: base64.b64encode(zlib.compress(text.encode())).decode())
+        with pytest.raises(MemoryFileError, match="inflates past 64 bytes"):
+            read_memory_file(fileio.write_memory_file(tmp_path / "big.gguf", saved))
     finally:
         policy.close()
 

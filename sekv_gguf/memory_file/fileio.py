@@ -5,11 +5,14 @@ foreign files and other format versions raise ``MemoryFileError`` naming the fil
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import os
 import secrets
 import tempfile
+import zlib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -102,7 +105,7 @@ def write_memory_file(path: str | Path, saved: SavedMemory) -> Path:
         raise ValueError(f"mode must be one of {MODES}, got {saved.mode!r}")
     path = Path(path)
     enc = codec.encode(saved.content)
-    layout = json.dumps(enc.layout, allow_nan=True)
+    layout = _pack_layout(json.dumps(enc.layout, allow_nan=True))
     fp = saved.fingerprint
     tmp = _temp_beside(path)
     try:
@@ -126,6 +129,25 @@ def write_memory_file(path: str | Path, saved: SavedMemory) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _pack_layout(text: str) -> str:
+    """The layout as stored (version 2): base64 of its zlib stream. Its JSON repeats every key of every span and
+    layer, a twentieth of a compact file at 28K uncompressed."""
+    return base64.b64encode(zlib.compress(text.encode(), 6)).decode("ascii")
+
+
+def _unpack_layout(stored: str, version: int, name: str) -> str:
+    if version == 1:
+        return stored
+    try:
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(base64.b64decode(stored, validate=True), K.LAYOUT_MAX_BYTES)
+    except (binascii.Error, zlib.error, ValueError) as e:
+        raise MemoryFileError(f"{name}: its layout is not a zlib stream in base64 ({e})") from e
+    if inflate.unconsumed_tail or not inflate.eof:
+        raise MemoryFileError(f"{name}: its layout is truncated or inflates past {K.LAYOUT_MAX_BYTES} bytes")
+    return raw.decode("utf-8")
 
 
 def _fsync_dir(d: Path) -> None:
@@ -214,9 +236,9 @@ def _parse(reader: StrictGGUFReader, name: str) -> SavedMemory:
         raise MemoryFileError(f"{name} is not a SeKV memory file (general.type "
                               f"{kind.contents() if kind is not None else None!r})")
     version = _field(reader, K.VERSION, _U32, name)
-    if version != K.FORMAT_VERSION:
-        raise MemoryFileError(f"{name}: memory file format version {version}, this sekv_gguf reads version "
-                              f"{K.FORMAT_VERSION}")
+    if version not in K.READ_VERSIONS:
+        raise MemoryFileError(f"{name}: memory file format version {version}, this sekv_gguf reads versions "
+                              f"{', '.join(map(str, K.READ_VERSIONS))}")
     mode = _field(reader, K.MODE, _STR, name)
     if mode not in MODES:
         raise MemoryFileError(f"{name}: unknown mode {mode!r} (known: {MODES})")
@@ -234,7 +256,7 @@ def _parse(reader: StrictGGUFReader, name: str) -> SavedMemory:
         raise MemoryFileError(f"{name} is {len(reader.data)} bytes, its header says {end}: truncated or damaged")
     if _checksum(fp, mode, layout, arrays) != want:
         raise MemoryFileError(f"{name} is damaged: its sha256 does not match its contents")
-    content = codec.decode(json.loads(layout), arrays)
+    content = codec.decode(json.loads(_unpack_layout(layout, version, name)), arrays)
     if not isinstance(content, dict) or not REQUIRED <= set(content) <= REQUIRED | {"extra"}:
         raise MemoryFileError(f"{name}: the layout holds {sorted(content) if isinstance(content, dict) else content!r}"
                               ", not tokens, device, memory (and extra)")

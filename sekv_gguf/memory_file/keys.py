@@ -8,12 +8,15 @@ GENERAL_ARCHITECTURE = Keys.General.ARCHITECTURE  # the model's (gguf-dump shows
 GENERAL_NAME = Keys.General.NAME                  # the model's name
 
 TYPE_MEMORY = "sekv_memory"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2      # 2: the layout zlib-compressed (base64); 1: plain JSON (still read)
+READ_VERSIONS = (1, 2)
+LAYOUT_MAX_BYTES = 256 << 20  # the most a compressed layout may inflate to (a damaged or hostile file)
 
 VERSION = "sekv.memory.version"            # u32, FORMAT_VERSION of the writer
 MODE = "sekv.memory.mode"                  # str, "lossless" or "compact"
 CHECKSUM = "sekv.memory.sha256"            # str, hex sha256 over the fingerprint, the layout and every tensor
-LAYOUT = "sekv.memory.layout"              # str, JSON: the saved structure, arrays as references to tensors
+LAYOUT = "sekv.memory.layout"              # str, JSON (version 2: base64 of its zlib stream): the saved structure,
+                                           # arrays as references to tensors
 
 # the fingerprint: what a memory may only be loaded into (``fingerprint.Fingerprint``'s fields, in this order)
 FP = "sekv.memory.fp."
