@@ -167,6 +167,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["smollm2", "gemma"], choices=sorted(MODELS))
     ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--modes", nargs="+", default=["titles", "plain"], choices=["titles", "plain"],
+                    help="with title requests between turns (as Open WebUI sends them) and/or without")
     ap.add_argument("--doc-chars", type=int, default=26000, help="document characters (~6K tokens)")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
@@ -186,7 +188,7 @@ def main() -> int:
         path, fmt = models[name]
         per: dict = {}
         for kind in ("stock", "sekv"):
-            for titles in (True, False):
+            for titles in [mode == "titles" for mode in args.modes]:
                 if reused and kind == "stock" and titles:
                     per["stock/titles"] = {**reused["models"][name]["stock/titles"], "reused_from": reused["commit"]}
                     continue
@@ -217,8 +219,10 @@ def summary(result: dict) -> dict:
     """Per model: device KV sekv / stock, and the mean time to first token of turns 2.. as sekv / stock."""
     out = {}
     for name, per in result["models"].items():
-        row = {"device_kv_ratio": per["sekv/plain"]["device_kv_bytes"] / per["stock/plain"]["device_kv_bytes"]}
-        for mode in ("titles", "plain"):
+        modes = [m for m in ("titles", "plain") if f"sekv/{m}" in per and f"stock/{m}" in per]
+        first = modes[0]
+        row = {"device_kv_ratio": per[f"sekv/{first}"]["device_kv_bytes"] / per[f"stock/{first}"]["device_kv_bytes"]}
+        for mode in modes:
             s = [t["ttft_s"] for t in per[f"sekv/{mode}"]["turns"][1:]]
             k = [t["ttft_s"] for t in per[f"stock/{mode}"]["turns"][1:]]
             row[f"ttft_ratio_{mode}"] = (sum(s) / len(s)) / (sum(k) / len(k))
