@@ -10,7 +10,7 @@ channel for K (keys' outlier channels, as KIVI quantizes them) and per token for
 LAPACK call over zero-padded spans (see ``factorize``).
 
 On a block-quantized cache (q8_0, q4_0: ``kv_codec``) the rows come in as blocks and are compressed from their
-dequantized values; ``host_format="f16"`` ("as the device holds them") keeps the blocks themselves, so that a span
+dequantized values (``host_format="auto"``, the default: 4-bit rows, int8 on a q8_0 cache); ``host_format="f16"`` ("as the device holds them") keeps the blocks themselves, so that a span
 rebuilt at full rank goes back byte for byte (keys with an f16 widening beside them: the native scorers read f16,
 int8 or 4-bit rows, not ggml blocks).
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from . import kv_codec, native
 from .config import SekvConfig
@@ -201,6 +202,15 @@ def rows_nbytes(length: int, d: int, host_format: str, values: bool, block_type:
     return 2 * length * d
 
 
+def host_format_of(host_format: str, block_type: int | None) -> str:
+    """The host format span rows take (``SekvConfig.host_format``): ``auto`` is 4-bit, or int8 where the cache
+    itself holds 8-bit blocks (``block_type`` q8_0): requantising its rows to 4 bits is one rounding too many for
+    a needle at a small budget (measured: docs/quantized-kv.md)."""
+    if host_format != "auto":
+        return host_format
+    return "q8" if block_type == GGMLQuantizationType.Q8_0 else "q4"
+
+
 def factorize(mats: list[np.ndarray], config: SekvConfig, values: bool = False,
               blocks: list[np.ndarray] | None = None, block_type: int = 0) -> list[Factors]:
     """Factors of each span's rows mats[i] f32 [L_i, n_head_kv, d] (keys, or ``values``), all from one batched
@@ -224,12 +234,13 @@ def factorize(mats: list[np.ndarray], config: SekvConfig, values: bool = False,
     energy = config.energy_v if values and config.energy_v is not None else config.energy
     ranks = energy_rank(s, energy).max(axis=1)  # [B] one rank for all heads of a span
     out: list[Factors] = []
+    fmt = host_format_of(config.host_format, None if blocks is None else block_type)
     for i, m in enumerate(mats):
         length, r = m.shape[0], int(ranks[i])
         # bytes per head: fp16 factors 2r(L + d) against the rows as stored (``rows_nbytes``)
-        kept = rows_nbytes(length, d, config.host_format, values, None if blocks is None else block_type)
+        kept = rows_nbytes(length, d, fmt, values, None if blocks is None else block_type)
         if r > config.r_max or 2 * r * (length + d) >= kept:
-            out.append(stored_rows(m, config.host_format, values, None if blocks is None else blocks[i], block_type))
+            out.append(stored_rows(m, fmt, values, None if blocks is None else blocks[i], block_type))
             continue
         ui = u[i, :, :length, :r]  # [Hkv, L, r]
         si = np.maximum(s[i, :, :r], 1e-30)  # [Hkv, r]

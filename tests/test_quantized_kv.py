@@ -26,6 +26,7 @@ from sekv_gguf.policies import POLICIES
 from sekv_gguf.router import TrainedRouter
 from sekv_gguf.serve import ServeConfig
 from sekv_gguf.session import Session, load_model
+from sekv_gguf.spans import host_format_of
 from sekv_gguf.tiny_models import TinySpec, write_tiny_llama
 
 ROTATED_SPEC = TinySpec(n_embd=128, head_dim=64)  # head size a multiple of 64: llama.cpp rotates quantized K and V
@@ -80,7 +81,8 @@ def test_full_rank_all_zoomed_copies_the_blocks_and_equals_full_kv(rotated_llama
 
 
 def test_streamed_sekv_at_q8_0_compresses_zooms_and_writes_quantized_summaries(rotated_llama):
-    """SeKV as by default (streamed prefill, 4-bit host rows from the dequantized blocks) but for the summary router
+    """SeKV as by default (streamed prefill; on a q8_0 cache int8 host rows from the dequantized blocks: ``auto``, no
+    coarser than the cache's own rows) but for the summary router
     (whose span mean keys the store keeps), with a budget of a quarter of the prompt: spans compressed, zoomed back,
     finite logits; each summary row on the device is its span's mean key quantized into q8_0 blocks (read back
     within q8_0's error)."""
@@ -92,7 +94,8 @@ def test_streamed_sekv_at_q8_0_compresses_zooms_and_writes_quantized_summaries(r
         hook, store = policy.session.hook, policy.memory.store
         assert hook.info.type_k == GGMLQuantizationType.Q8_0 and hook.info.rot_k
         assert run.sekv.spans > 5 and run.sekv.zooms_per_step > 0 and len(run.tokens) == 8
-        assert any(f.q4 is not None for span in store.spans for f in span.k + span.v)  # the default host rows
+        kept = [f for span in store.spans for f in span.k + span.v if f.raw is None and f.us is None]
+        assert kept and all(f.q8 is not None and f.q4 is None for f in kept)  # the default host rows on q8_0
         assert np.isfinite(policy.memory.prev_logits).all()
         cells = np.array([span.summary_cell for span in store.spans])
         for ikv in range(store.n_layer):
@@ -101,6 +104,14 @@ def test_streamed_sekv_at_q8_0_compresses_zooms_and_writes_quantized_summaries(r
             np.testing.assert_allclose(k_dev, want, rtol=0, atol=0.02 * np.abs(want).max())
     finally:
         policy.close()
+
+
+def test_the_default_host_format_follows_the_cache():
+    """``host_format="auto"``: 4-bit rows on an f16 or q4_0 cache, int8 on a q8_0 one; an explicit format stands."""
+    assert host_format_of("auto", None) == "q4" and host_format_of("auto", GGMLQuantizationType.Q4_0) == "q4"
+    assert host_format_of("auto", GGMLQuantizationType.Q8_0) == "q8"
+    assert host_format_of("q4", GGMLQuantizationType.Q8_0) == "q4" and host_format_of("f16", None) == "f16"
+    assert SekvConfig().host_format == "auto"
 
 
 # what each policy's statistics show it did with the cache's rows at a budget below the prompt
