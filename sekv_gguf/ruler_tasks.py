@@ -13,9 +13,10 @@ RULER's repeated noise sentences, ``"prose"`` is ``stdlib_prose()`` from a parag
 is ``stdlib_code()`` (standard-library source) from a blank line picked by the seed, where a fact may start any
 line. ``code_function`` inserts a function definition and asks what it returns (a function defined early in a long
 file, called late); ``table_lookup`` is a long CSV table, the whole context (its case's haystack is ``"table"``),
-and asks for one row's code by its id. In ``frequent_words`` the word list is the whole context, and the haystack picks its vocabulary: RULER's random letter
-strings for ``"filler"``, words of the prose for ``"prose"``. Sentence boundaries in the prose are a few hundred
-characters apart at most, so a fact sits within 0.05 of its depth from ~2K tokens on (further off in shorter prose).
+and asks for one row's code by its id. In ``frequent_words`` the word list is the whole context, and the haystack
+picks its vocabulary: RULER's random letter strings for ``"filler"``, words of the text for the others. Sentence
+boundaries in the prose are a few hundred characters apart at most, so a fact sits within 0.05 of its depth from
+~2K tokens on (further off in shorter prose).
 
 ``Case.meta`` holds ``context`` (its character span in the prompt), ``inserted`` (each inserted text, its offset in the
 context, the offset of its fact within it, its depth and whether it holds an answer), ``prompt_tokens`` and
@@ -151,6 +152,11 @@ def _check_haystack(haystack: str) -> None:
         raise ValueError(f"unknown haystack {haystack!r}; valid haystacks: {', '.join(HAYSTACKS)}")
 
 
+def _check_depth(depth: float | None) -> None:
+    if depth is not None and not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth is a fraction of the context in [0, 1], got {depth}")
+
+
 def _haystack_unit(haystack: str, rng: random.Random) -> str:
     """The text the haystack repeats: the filler sentences, or the prose (the code) rotated to start at a seeded
     paragraph (blank line)."""
@@ -252,8 +258,7 @@ def _niah(task: str, count: Count, n_tokens: int, seed: int, haystack: str, kind
     """RULER's needle in a haystack: ``n_keys`` keys with ``n_values`` values each, ``n_queries`` keys asked.
     ``depth`` pins the asked needles' depth (the seed still draws every other choice, so the value is unchanged)."""
     _check_haystack(haystack)
-    if depth is not None and not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth is a fraction of the context in [0, 1], got {depth}")
+    _check_depth(depth)
     rng = random.Random(seed)
     keys = [f"{a}-{b}" for a, b in rng.sample([(a, b) for a in _ADJECTIVES for b in _NOUNS], n_keys)]
     values: list[str] = []
@@ -447,8 +452,7 @@ def code_function(count: Count, n_tokens: int, seed: int, haystack: str = "code"
     among functions) and asked about at the end, as a later line of the file would call it: what it returns (a
     7-digit number)."""
     _check_haystack(haystack)
-    if depth is not None and not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth is a fraction of the context in [0, 1], got {depth}")
+    _check_depth(depth)
     rng = random.Random(seed)
     name = f"{rng.choice(_ADJECTIVES)}_{rng.choice(_NOUNS)}_code"
     value = _value("numbers", rng)
@@ -471,8 +475,7 @@ def table_lookup(count: Count, n_tokens: int, seed: int, haystack: str = "prose"
     and the case records ``table``): rows of a 5-letter id, a first name, a city and a 7-digit code; the asked row
     at ``depth`` of the rows (drawn from the seed when None); its code is the answer."""
     _check_haystack(haystack)
-    if depth is not None and not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth is a fraction of the context in [0, 1], got {depth}")
+    _check_depth(depth)
     rng = random.Random(seed)
     at = _depth(rng) if depth is None else depth
     salt = rng.getrandbits(64)
@@ -491,23 +494,20 @@ def table_lookup(count: Count, n_tokens: int, seed: int, haystack: str = "prose"
     def table(n: int) -> str:
         return "\n".join(",".join(row) for row in [TABLE_HEADER, *rows(n)])
 
-    def prompt(n: int, key: str) -> str:
-        return head + table(n) + _question(key)
-
-    def _question(key: str) -> str:
+    def question(key: str) -> str:
         return (f"\n\nQuestion: What is the code in the row whose id is {key}?\n"
                 f"Answer: The code in the row whose id is {key} is:")
 
     head = "The table below lists records as CSV. You will be asked to look up one row by its id.\n\n"
-    n = fit_size(count, n_tokens, lambda n: prompt(n, "XXXXX"), lo=4, guess=max(8, n_tokens // 12),
+    n = fit_size(count, n_tokens, lambda n: head + table(n) + question("XXXXX"), lo=4, guess=max(8, n_tokens // 12),
                  what="task 'table_lookup'")
     body = rows(n)
     idx = min(int(at * n), n - 1)
     key, code = body[idx][0], body[idx][3]
     context = table(n)
     text = ",".join(body[idx])
-    offset = context.index("\n" + text + "\n" if idx < n - 1 else "\n" + text) + 1
-    full = head + context + _question(key)
+    offset = len(table(idx)) + 1  # the header and the rows before it (the same first rows), then a line break
+    full = head + context + question(key)
     return Case("table_lookup", full, (code,), "all", round(idx / n, 3), "table", seed, n_tokens,
                 _meta(count, full, head, context, (code,), n_rows=n,
                       inserted=[{"text": text, "offset": offset, "anchor": 0, "depth": round(idx / n, 3),

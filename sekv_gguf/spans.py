@@ -10,9 +10,9 @@ channel for K (keys' outlier channels, as KIVI quantizes them) and per token for
 LAPACK call over zero-padded spans (see ``factorize``).
 
 On a block-quantized cache (q8_0, q4_0: ``kv_codec``) the rows come in as blocks and are compressed from their
-dequantized values (``host_format="auto"``, the default: 4-bit rows, int8 on a q8_0 cache); ``host_format="f16"`` ("as the device holds them") keeps the blocks themselves, so that a span
-rebuilt at full rank goes back byte for byte (keys with an f16 widening beside them: the native scorers read f16,
-int8 or 4-bit rows, not ggml blocks).
+dequantized values (``host_format="auto"``, the default: 4-bit rows, int8 on a q8_0 cache); ``host_format="f16"``
+("as the device holds them") keeps the blocks themselves, so that a span rebuilt at full rank goes back byte for
+byte (keys with an f16 widening beside them: the native scorers read f16, int8 or 4-bit rows, not ggml blocks).
 """
 
 from __future__ import annotations

@@ -31,11 +31,11 @@ class EvalConfig:
     generation (``full`` ignores them). lengths: prompt lengths in tokens. samples: seeds per (task, haystack,
     length; 0: fidelity only). haystacks: "prose" (natural text), "filler" (RULER's repeated sentences) and/or
     "code" (standard-library source); a task with its own context (``OWN_CONTEXT_TASKS``: a table) runs once, under
-    the first. n_predict: greedy tokens generated per case. fidelity_docs / fidelity_steps: natural-text documents per length and teacher-forced
-    tokens per document (0 docs: no fidelity); a fidelity run's budget is that share of the document, in cells,
-    for a context of what it holds (half the document + the forced tokens). seed: first task seed. depths: pinned
-    needle depths, sample s at ``depths[s % len(depths)]`` (empty: each seed draws its own; single-needle tasks
-    only).
+    the first. n_predict: greedy tokens generated per case. fidelity_docs / fidelity_steps: natural-text documents
+    per length and teacher-forced tokens per document (0 docs: no fidelity); a fidelity run's budget is that share
+    of the document, in cells, for a context of what it holds (half the document + the forced tokens). seed: first
+    task seed. depths: pinned needle depths, sample s at ``depths[s % len(depths)]`` (empty: each seed draws its own;
+    single-needle tasks only).
     """
 
     policies: tuple[str, ...] = DEFAULT_POLICIES

@@ -91,7 +91,6 @@ class ZoomSlots:
     def rebuild(self, spans: list[Span]) -> None:
         """Write every resident span's rows into its slots again from the host tier, as ``zoom`` wrote them (a
         compact memory file leaves the slots' rows out); biases are not touched."""
-        hook = self.hook
         for ikv, resident in enumerate(self.resident):
             if not resident:
                 continue
@@ -100,12 +99,22 @@ class ZoomSlots:
                                                and resident[sid].max(initial=-1) < self.slots.size)]
             if bad:
                 raise ValueError(f"zoom slots of layer {ikv}: span {bad[0]} does not fit its slots")
-            # [n, Hkv * d] rows (f16, or a quantized cache's blocks), span after span
-            k = [spans[sid].k[ikv].device_rows(hook.info.type_k) for sid in sids]
-            v = [spans[sid].v[ikv].device_rows(hook.info.type_v) for sid in sids]
-            hook.set_rows(ikv, self.slots[np.concatenate([resident[sid] for sid in sids])],
-                          np.concatenate([r.reshape(r.shape[0], -1) for r in k]),
-                          np.concatenate([r.reshape(r.shape[0], -1) for r in v]))
+            self._write_rows(ikv, sids, [resident[sid] for sid in sids], spans)
+
+    def _write_rows(self, ikv: int, sids: list[int], idx: list[np.ndarray], spans: list[Span]) -> np.ndarray:
+        """Write the rows of spans ``sids`` in layer ``ikv`` from the host tier into the slots ``idx[i]`` (one row
+        write for all; the host copy of their K rows where the layer keeps one); the cells written."""
+        hook, held = self.hook, self.host_keys[ikv]
+        # [L, Hkv, d] f16, or a quantized cache's blocks (kept ones byte for byte)
+        k = [spans[sid].k[ikv].device_rows(hook.info.type_k) for sid in sids]
+        v = [spans[sid].v[ikv].device_rows(hook.info.type_v) for sid in sids]
+        if held is not None:
+            for sid, rows in zip(sids, k):
+                held[sid] = self._key_numbers(ikv, rows)
+        cells = self.slots[np.concatenate(idx)]
+        hook.set_rows(ikv, cells, np.concatenate([r.reshape(r.shape[0], -1) for r in k]),
+                      np.concatenate([r.reshape(r.shape[0], -1) for r in v]))
+        return cells
 
     def forget(self, first: int) -> None:
         """Spans ``first, first+1, ...`` are gone (a rollback): free their slots in every layer."""
@@ -162,9 +171,8 @@ class ZoomSlots:
             if spans[sid].summary_cell >= 0:
                 summary_cells.append(spans[sid].summary_cell)
                 summary_bias.append(math.log(spans[sid].length))
+        new_sids: list[int] = []
         new_idx: list[np.ndarray] = []
-        new_k: list[np.ndarray] = []
-        new_v: list[np.ndarray] = []
         for sid in want:
             span = spans[sid]
             free = np.flatnonzero(~taken)
@@ -172,12 +180,8 @@ class ZoomSlots:
                 continue
             idx = free[: span.length]
             taken[idx] = True
-            # [L, Hkv, d] f16, or a quantized cache's blocks (kept ones byte for byte)
-            new_k.append(span.k[ikv].device_rows(hook.info.type_k))
-            new_v.append(span.v[ikv].device_rows(hook.info.type_v))
+            new_sids.append(sid)
             new_idx.append(idx)
-            if held is not None:
-                held[sid] = self._key_numbers(ikv, new_k[-1])
             if span.summary_cell >= 0:
                 summary_cells.append(span.summary_cell)
                 summary_bias.append(NEG_INF)
@@ -193,10 +197,7 @@ class ZoomSlots:
             if freed.size:
                 hook.set_bias_cells(ikv, self.slots[freed], NEG_INF)
         if new_idx:
-            cells = self.slots[np.concatenate(new_idx)]
-            hook.set_rows(ikv, cells, np.concatenate([k.reshape(k.shape[0], -1) for k in new_k]),
-                          np.concatenate([v.reshape(v.shape[0], -1) for v in new_v]))
-            hook.set_bias_cells(ikv, cells, 0.0)
+            hook.set_bias_cells(ikv, self._write_rows(ikv, new_sids, new_idx, spans), 0.0)
         if summary_cells:
             # a span evicted and zoomed again in one routing cannot happen (evicted spans are not chosen), so each
             # summary cell appears once
