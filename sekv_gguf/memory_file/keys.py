@@ -8,8 +8,9 @@ GENERAL_ARCHITECTURE = Keys.General.ARCHITECTURE  # the model's (gguf-dump shows
 GENERAL_NAME = Keys.General.NAME                  # the model's name
 
 TYPE_MEMORY = "sekv_memory"
-FORMAT_VERSION = 2      # 2: the layout zlib-compressed (base64); 1: plain JSON (still read)
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3      # 3: compact files' host codes in 3 bits, device rows q8_0 (``compact_codec``); 2: the layout
+                        # zlib-compressed (base64); 1: plain JSON (1 and 2 still read)
+READ_VERSIONS = (1, 2, 3)
 LAYOUT_MAX_BYTES = 256 << 20  # the most a compressed layout may inflate to (a damaged or hostile file)
 
 VERSION = "sekv.memory.version"            # u32, FORMAT_VERSION of the writer

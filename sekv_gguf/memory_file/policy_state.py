@@ -7,8 +7,9 @@ Modes. ``lossless``: everything; the next logits equal the saving process's bit 
 the restore can rebuild is left out — the zoom slots' rows (the spans that sit in them are kept and written again
 from the host tier, as a zoom writes them) and, on iSWA models, the sliding-window cache with the window's newest
 ``n_swa + tail_refresh`` tokens (decoded again on restore over the memory, as the prompt's tail refresh decodes
-them: the next logits are close to, not equal to, the saving process's) — and no carried logits; for a policy
-without zoom slots only the logits are dropped."""
+them) — and no carried logits; what it keeps is stored smaller (``compact_codec``: the host tier's 4-bit codes in
+3 bits, the device rows as q8_0 blocks), so the next logits are close to, not equal to, the saving process's. For a
+policy without zoom slots only the logits are dropped and the device rows stored as q8_0."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ..errors import MemoryFileError, SekvError
 from ..policies.base import Policy
 from ..policies.prefill import redecode_tail
 from ..policies.snapshot import DeviceState, Snapshot
+from . import compact_codec
 from .fileio import MODES, SavedMemory, read_memory_file, write_memory_file
 from .fingerprint import Fingerprint
 
@@ -100,6 +102,8 @@ def _saved(policy: Policy, tokens: list[int], device: dict[str, Any] | DeviceSta
     if mode == "compact" and "prev_logits" in memory:
         memory["prev_logits"] = None
     content = {"tokens": np.asarray(tokens, dtype=np.int32), "device": device, "memory": memory}
+    if mode == "compact":
+        compact_codec.pack(content)
     return SavedMemory(fingerprint=fp, mode=mode, content=content)
 
 
@@ -151,9 +155,9 @@ def restore_into(policy: Policy, saved: SavedMemory, source: str = "saved memory
     """Make ``policy`` hold ``saved``; refused (``MemoryMismatchError``) when it was made for another model, policy,
     size, budget, K/V types, batch sizes or settings. A memory that fails half way leaves ``policy`` empty."""
     saved.fingerprint.check_fits(Fingerprint.of(policy), source)
-    content = saved.content
     policy.reset()
     try:
+        content = compact_codec.unpack(saved.content) if saved.mode == "compact" else saved.content
         device = content["device"]
         if "llama_seq" in device:
             _put_seq_state(policy, device["llama_seq"])
