@@ -17,7 +17,7 @@ from helpers import prose
 from sekv_gguf.config import BudgetConfig, SekvConfig
 from sekv_gguf.engine import make_policy
 from sekv_gguf.errors import MemoryFileError, MemoryMismatchError
-from sekv_gguf.memory_file import capture, load_memory, read_memory_file, save_memory
+from sekv_gguf.memory_file import capture, load_memory, read_memory_file, restore_into, save_memory
 from sekv_gguf.memory_file import compact_codec
 from sekv_gguf.memory_file import keys as K
 from sekv_gguf.policies import POLICIES
@@ -182,6 +182,27 @@ def test_compact_host_codes_round_trip_within_a_3_bit_step():
             assert (err <= 0.5 * 15 / 7 + 1e-9).all()
     with pytest.raises(ValueError, match="3-bit host codes"):
         compact_codec.unpack_codes(np.zeros(5, dtype=np.uint8), 8)
+
+
+def test_a_compact_memory_with_damaged_3_bit_codes_is_refused(llama_model):
+    """A compact memory whose packed host codes do not cover its spans' rows, or whose rows lost their mark, is
+    refused naming the 3-bit codes (the policy is left empty), never loaded short."""
+    first, second = _make(llama_model), _make(llama_model)
+    try:
+        first.append(_tokens(llama_model, 900, 300))
+        saved = capture(first, "compact")
+        host = saved.content["memory"][compact_codec.HOST_KEY]
+        short = dict(saved.content, memory={**saved.content["memory"],
+                                            compact_codec.HOST_KEY: {**host, "codes": host["codes"][:-3]}})
+        with pytest.raises(MemoryFileError, match="3-bit host codes"):
+            restore_into(second, type(saved)(fingerprint=saved.fingerprint, mode="compact", content=short))
+        assert second.n_tokens == 0
+        restore_into(second, saved)                 # the undamaged one loads, and again (content not changed)
+        restore_into(second, saved)
+        assert second.n_tokens == first.n_tokens
+    finally:
+        first.close()
+        second.close()
 
 
 def test_capture_leaves_the_policy_as_it_was(llama_model):

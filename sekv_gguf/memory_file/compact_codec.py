@@ -86,7 +86,7 @@ def pack(content: dict[str, Any]) -> None:
     if factors:
         codes = np.concatenate([f["q4"].reshape(-1) for f in factors])
         for f in factors:
-            f["shape_q4"] = np.asarray(f["q4"].shape, dtype=np.int64)
+            f["shape_q4"] = [int(x) for x in f["q4"].shape]               # in the layout, not a tensor
             f["q4"] = PLACEHOLDER
             scale = f["scale"].astype(np.float32)                  # [2, ...]: (scale, zero)
             scale[0] *= SCALE_FACTOR
@@ -141,9 +141,10 @@ def _unpack_host(memory: dict[str, Any]) -> dict[str, Any]:
         shape = f.pop("shape_q4", None)
         if f["q4"] != PLACEHOLDER or shape is None:
             raise ValueError("3-bit host codes: a span's 4-bit rows are neither packed nor marked")
-        shape = tuple(int(s) for s in np.asarray(shape).reshape(-1))
-        size = int(np.prod(shape)) if shape else 0
-        if len(shape) != 3 or at + size > codes.size:
+        if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(x, int) and x >= 0 for x in shape)):
+            raise ValueError(f"3-bit host codes: a span's rows have the shape {shape!r}")
+        size = shape[0] * shape[1] * shape[2]
+        if at + size > codes.size:
             raise ValueError(f"3-bit host codes: a span's rows {shape} run past the {codes.size} packed")
         f["q4"] = codes[at:at + size].reshape(shape)
         at += size
