@@ -8,7 +8,12 @@ depth 0.3, the question at the end.
     .venv/bin/python scripts/long_needle.py --tokens 28000 --budgets 0.1 0.2 --routers index mass
 
 ``--task niah_word`` (or another single-needle RULER task of ``sekv_gguf.ruler_tasks``) traces the evaluation's own
-prompt instead: its needle sentence at ``--depth``, seed by seed.
+prompt instead: its needle sentence at ``--depth``, seed by seed (``--haystack code`` for ``code_function``;
+``table_lookup`` is its own table). Each sekv row also says how the spans fall on the text's lines
+(``structure``: spans that end a line, lines cut across spans, the anchors' digits).
+
+    .venv/bin/python scripts/long_needle.py --model QWEN.gguf --task table_lookup --tokens 8192 --seeds 0 1 \
+        --budgets 0.1 --routers index --out bench/trace-table-8k.json
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.decode import decode_loop, greedy
 from sekv_gguf.engine import make_policy
-from sekv_gguf.eval.trace import needle_placement, sekv_memory, zoomed
+from sekv_gguf.eval.trace import needle_placement, sekv_memory, span_structure, zoomed
 from sekv_gguf.models import default_model_path
 from sekv_gguf.provenance import envelope
-from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, access_code_needle, answer_span, make_case, token_range
+from sekv_gguf.ruler_tasks import HAYSTACKS, PINNED_DEPTH_TASKS, access_code_needle, answer_span, make_case, token_range
 from sekv_gguf.session import full_kv_bytes, load_model
 
 
-def build(model, task: str | None, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str, tuple[int, int]]:
+def build(model, task: str | None, n_tokens: int, depth: float, seed: int,
+          haystack: str = "prose") -> tuple[list[int], str, tuple[int, int]]:
     """Prompt tokens, the value and the needle sentence's token range (one token of margin each side): the access
     code case, or the evaluation's prompt for ``task`` (as ``eval --depths`` makes it)."""
     tok = lambda s: model.tokenize(s.encode(), add_bos=True, special=False)  # noqa: E731
@@ -40,7 +46,7 @@ def build(model, task: str | None, n_tokens: int, depth: float, seed: int) -> tu
     if task is None:
         needle = access_code_needle(count, n_tokens, depth, seed)
         return tok(needle.prompt), needle.answer, token_range(count, needle.prompt, needle.span)
-    case = make_case(task, count, n_tokens, seed, "prose", depth)
+    case = make_case(task, count, n_tokens, seed, haystack, depth)
     value = case.answers[0]
     return tok(case.prompt), value, token_range(count, case.prompt, answer_span(case, value))
 
@@ -57,6 +63,7 @@ def trace(model, tokens: list[int], value: str, needle: tuple[int, int], name: s
         logits = policy.prefill(tokens)
         row["prefill_s"] = time.perf_counter() - t0
         row["needle_tokens"], ids = needle_placement(policy, needle)
+        row["structure"] = span_structure(policy)
         memory = sekv_memory(policy)
         if memory is not None and memory.anchors:  # where the anchors lie, as depths (quartiles)
             depths = np.array(memory.anchors) / len(tokens)
@@ -87,15 +94,17 @@ def main() -> int:
     ap.add_argument("--routers", nargs="+", default=["index", "mass"])
     ap.add_argument("--no-full", action="store_true")
     ap.add_argument("--task", choices=PINNED_DEPTH_TASKS, help="trace this RULER task's prompt instead")
+    ap.add_argument("--haystack", default="prose", choices=HAYSTACKS, help="the task's haystack (code: source)")
+    ap.add_argument("--model", help="GGUF model (default: Gemma 3 270M)")
     ap.add_argument("--sekv", action="append", metavar="KEY=VALUE", help="a SekvConfig override (repeatable)")
     ap.add_argument("-n", "--n-predict", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/long-needle.json")
     args = ap.parse_args()
-    model = load_model(str(default_model_path()))
+    model = load_model(args.model or str(default_model_path()))
     rows = []
     for seed in args.seeds:
-        tokens, value, needle = build(model, args.task, args.tokens, args.depth, seed)
+        tokens, value, needle = build(model, args.task, args.tokens, args.depth, seed, args.haystack)
         runs = [] if args.no_full else [("full", None, None)]
         extra = sekv_overrides(args.sekv or [])
         runs += [("sekv", b, SekvConfig(router=r, **extra)) for b in args.budgets for r in args.routers]
@@ -105,7 +114,7 @@ def main() -> int:
             rows.append(row)
             print(json.dumps({k: row.get(k) for k in ("seed", "policy", "budget", "router", "found", "text",
                                                       "needle_tokens", "anchor_depths", "zoomed_after_prefill",
-                                                      "prefill_s")}),
+                                                      "structure", "prefill_s")}),
                   flush=True)
             Path(args.out).write_text(json.dumps({**envelope(), "params": vars(args), "rows": rows}, indent=1))
     return 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..policies import Policy
 from ..policies.sekv_memory import SekvMemory
 
@@ -40,3 +42,31 @@ def needle_placement(policy: Policy, needle: tuple[int, int]) -> tuple[dict[str,
             "spans": sum(len(pos & set(s.positions.tolist())) for s in spans), "span_ids": ids,
             "span_text": {str(s.id): text(pos & set(s.positions.tolist())) for s in spans if s.id in ids},
             "anchor_text": text(pos & set(memory.anchors))}, ids
+
+
+def span_structure(policy: Policy) -> dict[str, Any] | None:
+    """How the spans fall on the text's lines (code, tables): spans, their mean length, the share that end a line
+    (their last token holds a line break), line breaks per span, the share of the document's lines whose tokens
+    lie in more than one span (a table row cut in two), and the anchors' share of digit tokens with a few of their
+    texts (None for a policy without SeKV's memory)."""
+    memory = sekv_memory(policy)
+    if memory is None or not memory.store.spans:
+        return None
+    piece = lambda p: policy.session.text([policy.tokens[p]])  # noqa: E731
+    breaks_at = np.array([b"\n" in policy.session.piece(t) for t in policy.tokens])   # bool [n_tokens]
+    line_of = np.concatenate([[0], np.cumsum(breaks_at)[:-1]])                       # [n_tokens] line numbers
+    spans = [s.positions.tolist() for s in memory.store.spans]
+    breaks = [int(breaks_at[s].sum()) for s in spans]
+    lines_spans: dict[int, set[int]] = {}
+    for i, s in enumerate(spans):
+        for p in s:
+            lines_spans.setdefault(int(line_of[p]), set()).add(i)
+    anchors = sorted(memory.anchors)
+    anchor_text = [piece(p) for p in anchors]
+    return {"spans": len(spans), "mean_len": round(float(np.mean([len(s) for s in spans])), 1),
+            "end_a_line": round(float(np.mean([breaks_at[s[-1]] for s in spans])), 3),
+            "breaks_per_span": round(float(np.mean(breaks)), 2),
+            "lines_split": round(float(np.mean([len(v) > 1 for v in lines_spans.values()])), 3),
+            "anchors": len(anchors),
+            "anchor_digits": round(float(np.mean([t.strip().isdigit() for t in anchor_text])), 3) if anchors else 0.0,
+            "anchor_sample": anchor_text[:: max(1, len(anchor_text) // 12)][:12]}
