@@ -2,8 +2,9 @@
 and undone on the way in:
 
 - **host rows in 3 bits**: every 4-bit code of the host tier (``Factors.q4``, codes 0..15) becomes a 3-bit code
-  ``round(c * 7 / 15)``, and its scale ``scale * 15 / 14``; the file holds all of them in one packed tensor (two
-  codes of a byte -> 6 bits, four bytes -> three). Read back they are 4-bit codes ``2 * c3`` (0..14) with that
+  ``round(c * 7 / 15)``, and its scale ``scale * 15 / 14``; the file holds all codes in one packed tensor (two
+  codes of a byte -> 6 bits, four bytes -> three) and all scales in another (not two tensors per span and layer).
+  Read back they are 4-bit codes ``2 * c3`` (0..14) with that
   scale: the same values, in the layout the native readers take, so a restored memory holds what a memory of 3-bit
   rows would. Zero points and int8 / f16 rows are kept as they are.
 - **device rows as q8_0**: the kept cells' f16 K and V rows (sinks, anchors, summary rows, window) as llama.cpp's
@@ -15,6 +16,7 @@ restore) and tested (tests/test_memory_file.py: close to the saving process's ne
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -25,8 +27,8 @@ from ..spans import Q4_LEVELS
 
 Q3_LEVELS = 7                                  # the largest 3-bit code
 SCALE_FACTOR = Q4_LEVELS / (2 * Q3_LEVELS)     # a 4-bit scale -> the scale of the codes 2 * c3
-HOST_KEY = "host_q3"                           # memory[HOST_KEY]: {"codes": uint8 packed, "n": bytes of 4-bit codes}
-PLACEHOLDER = "q3"                             # a factor's "q4" in the file: its codes are in memory[HOST_KEY]
+HOST_KEY = "host_q3"   # memory[HOST_KEY]: {"codes": uint8 packed, "n": bytes of 4-bit codes, "scales": f16 [all]}
+PLACEHOLDER = "q3"     # a factor's "q4" and "scale" in the file: their arrays are in memory[HOST_KEY]
 DEVICE_KEY = "rows_format"                     # device[DEVICE_KEY]: "q8_0" when the rows are blocks
 Q8_0 = GGMLQuantizationType.Q8_0
 
@@ -85,13 +87,15 @@ def pack(content: dict[str, Any]) -> None:
     factors = _q4_factors(memory)
     if factors:
         codes = np.concatenate([f["q4"].reshape(-1) for f in factors])
+        scales = []
         for f in factors:
-            f["shape_q4"] = [int(x) for x in f["q4"].shape]               # in the layout, not a tensor
-            f["q4"] = PLACEHOLDER
             scale = f["scale"].astype(np.float32)                  # [2, ...]: (scale, zero)
             scale[0] *= SCALE_FACTOR
-            f["scale"] = scale.astype(np.float16)
-        memory[HOST_KEY] = {"codes": pack_codes(codes), "n": int(codes.size)}
+            scales.append(scale.astype(np.float16).reshape(-1))
+            # shapes in the layout; the arrays in two tensors (not two per span and layer: 20K at 16K on Qwen)
+            f["shape_q4"], f["shape_scale"] = [int(x) for x in f["q4"].shape], [int(x) for x in f["scale"].shape]
+            f["q4"] = f["scale"] = PLACEHOLDER
+        memory[HOST_KEY] = {"codes": pack_codes(codes), "n": int(codes.size), "scales": np.concatenate(scales)}
     device = content["device"]
     rows = device.get("rows") if isinstance(device, dict) else None
     if rows and all(x.dtype == np.float16 and x.ndim == 3 and x.shape[2] % 32 == 0 for kv in rows for x in kv):
@@ -128,26 +132,38 @@ def _widen(blocks: np.ndarray) -> np.ndarray:
 
 def _unpack_host(memory: dict[str, Any]) -> dict[str, Any]:
     host = memory[HOST_KEY]
-    if not (isinstance(host, dict) and isinstance(host.get("n"), int) and isinstance(host.get("codes"), np.ndarray)):
-        raise ValueError("3-bit host codes: the entry is not {codes, n}")
-    codes = unpack_codes(host["codes"], host["n"])
+    if not (isinstance(host, dict) and isinstance(host.get("n"), int) and isinstance(host.get("codes"), np.ndarray)
+            and isinstance(host.get("scales"), np.ndarray) and host["scales"].dtype == np.float16):
+        raise ValueError("3-bit host codes: the entry is not {codes, n, scales}")
+    codes, scales = unpack_codes(host["codes"], host["n"]), host["scales"].reshape(-1)
     memory = {k: v for k, v in memory.items() if k != HOST_KEY}
     store = dict(memory["store"])
     store["spans"] = [{**sp, "k": [dict(f) for f in sp["k"]], "v": [dict(f) for f in sp["v"]]}
                       for sp in store["spans"]]
     memory["store"] = store
-    at = 0
+    at = {"q4": 0, "scale": 0}
+    flat = {"q4": codes, "scale": scales}
     for f in _q4_factors(memory):
-        shape = f.pop("shape_q4", None)
-        if f["q4"] != PLACEHOLDER or shape is None:
-            raise ValueError("3-bit host codes: a span's 4-bit rows are neither packed nor marked")
-        if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(x, int) and x >= 0 for x in shape)):
-            raise ValueError(f"3-bit host codes: a span's rows have the shape {shape!r}")
-        size = shape[0] * shape[1] * shape[2]
-        if at + size > codes.size:
-            raise ValueError(f"3-bit host codes: a span's rows {shape} run past the {codes.size} packed")
-        f["q4"] = codes[at:at + size].reshape(shape)
-        at += size
-    if at != codes.size:
-        raise ValueError(f"3-bit host codes: {codes.size} packed, the spans take {at}")
+        for key, ndim in (("q4", 3), ("scale", (3, 4))):
+            f[key] = _take(f, key, ndim, flat[key], at)
+    for key, arr in flat.items():
+        if at[key] != arr.size:
+            raise ValueError(f"3-bit host codes: {arr.size} {key} values packed, the spans take {at[key]}")
     return memory
+
+
+def _take(f: dict[str, Any], key: str, ndim: int | tuple[int, ...], flat: np.ndarray, at: dict[str, int]) -> np.ndarray:
+    """The next array of a factor's ``key`` from ``flat`` (its shape from the factor's ``shape_<key>``), advancing
+    ``at[key]``."""
+    shape = f.pop(f"shape_{key}", None)
+    if not (isinstance(f.get(key), str) and f[key] == PLACEHOLDER and isinstance(shape, list)):
+        raise ValueError(f"3-bit host codes: a span's {key} is neither packed nor marked")
+    if not (len(shape) in ((ndim,) if isinstance(ndim, int) else ndim)
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape)):
+        raise ValueError(f"3-bit host codes: a span's {key} has the shape {shape!r}")
+    size = math.prod(shape)                                # Python ints: a hostile shape cannot overflow
+    if at[key] + size > flat.size:
+        raise ValueError(f"3-bit host codes: a span's {key} {shape} runs past the {flat.size} packed")
+    out = flat[at[key]:at[key] + size].reshape(shape)
+    at[key] += size
+    return out
