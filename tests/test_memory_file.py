@@ -18,7 +18,7 @@ from sekv_gguf.config import BudgetConfig, SekvConfig
 from sekv_gguf.engine import make_policy
 from sekv_gguf.errors import MemoryFileError, MemoryMismatchError
 from sekv_gguf.memory_file import capture, load_memory, read_memory_file, restore_into, save_memory
-from sekv_gguf.memory_file import compact_codec
+from sekv_gguf.memory_file import packing
 from sekv_gguf.memory_file import keys as K
 from sekv_gguf.policies import POLICIES
 
@@ -141,10 +141,10 @@ def test_a_compact_memory_is_smaller_and_gives_the_next_turn(model, tmp_path):
         saved = load_memory(second, small)
         iswa = first.session.hook.info.is_iswa
         assert saved.mode == "compact" and saved.content["device"]["swa"] is None
-        assert saved.content["memory"][compact_codec.HOST_KEY]["n"] > 0
+        assert saved.content["memory"][packing.ARRAYS_KEY][packing.Q3_COUNT] > 0
         lossless = read_memory_file(full).content["device"]
         whole_blocks = lossless["rows"][0][0].shape[2] % 32 == 0     # heads of whole q8_0 blocks (tiny llama: 16)
-        assert saved.content["device"].get(compact_codec.DEVICE_KEY) == ("q8_0" if whole_blocks else None)
+        assert saved.content["device"].get(packing.DEVICE_KEY) == ("q8_0" if whole_blocks else None)
         assert (lossless["swa"] is not None) == iswa
         assert (saved.content["memory"]["recompute"] > first.session.hook.info.n_swa) if iswa else \
             saved.content["memory"]["recompute"] == 0
@@ -173,31 +173,48 @@ def test_compact_host_codes_round_trip_within_a_3_bit_step():
     rng = np.random.default_rng(0)
     for n in (0, 1, 3, 4, 5, 1001):
         codes = rng.integers(0, 256, n, dtype=np.uint8)
-        packed = compact_codec.pack_codes(codes)
+        packed = packing.pack_codes(codes)
         assert packed.size == 3 * -(-n // 4)
-        back = compact_codec.unpack_codes(packed, n)
+        back = packing.unpack_codes(packed, n)
         for nib in (lambda x: x & 0x0F, lambda x: x >> 4):
             assert (nib(back) % 2 == 0).all() and nib(back).max(initial=0) <= 14
-            err = np.abs(nib(back) * compact_codec.SCALE_FACTOR - nib(codes))
+            err = np.abs(nib(back) * packing.SCALE_FACTOR - nib(codes))
             assert (err <= 0.5 * 15 / 7 + 1e-9).all()
     with pytest.raises(ValueError, match="3-bit host codes"):
-        compact_codec.unpack_codes(np.zeros(5, dtype=np.uint8), 8)
+        packing.unpack_codes(np.zeros(5, dtype=np.uint8), 8)
 
 
-def test_a_compact_memory_with_damaged_3_bit_codes_is_refused(llama_model):
-    """A compact memory whose packed host codes do not cover its spans' rows, or whose rows lost their mark, is
-    refused naming the 3-bit codes (the policy is left empty), never loaded short."""
+def _with_arrays(saved, **changes):
+    """``saved`` with entries of its flat span arrays replaced (None: removed)."""
+    flat = {k: v for k, v in {**saved.content["memory"][packing.ARRAYS_KEY], **changes}.items() if v is not None}
+    content = dict(saved.content, memory={**saved.content["memory"], packing.ARRAYS_KEY: flat})
+    return type(saved)(fingerprint=saved.fingerprint, mode=saved.mode, content=content)
+
+
+@pytest.mark.parametrize("mode", ["lossless", "compact"])
+def test_damaged_span_arrays_are_refused(llama_model, mode):
+    """The spans' arrays sit in a few flat tensors (one per field and dtype, not two per span and layer); a memory
+    whose flat arrays do not cover its spans' arrays — short packed codes, a missing or a longer array — is
+    refused naming them (the policy is left empty), never loaded short; the undamaged one loads, twice (a restore
+    does not change the saved content)."""
     first, second = _make(llama_model), _make(llama_model)
     try:
         first.append(_tokens(llama_model, 900, 300))
-        saved = capture(first, "compact")
-        host = saved.content["memory"][compact_codec.HOST_KEY]
-        short = dict(saved.content, memory={**saved.content["memory"],
-                                            compact_codec.HOST_KEY: {**host, "codes": host["codes"][:-3]}})
-        with pytest.raises(MemoryFileError, match="3-bit host codes"):
-            restore_into(second, type(saved)(fingerprint=saved.fingerprint, mode="compact", content=short))
-        assert second.n_tokens == 0
-        restore_into(second, saved)                 # the undamaged one loads, and again (content not changed)
+        saved = capture(first, mode)
+        flat = saved.content["memory"][packing.ARRAYS_KEY]
+        assert len(flat) <= 2 * len(packing.FIELDS) and len(first.memory.store.spans) > 4
+        scales = next(k for k in flat if k.startswith("scale."))
+        damaged = [(_with_arrays(saved, **{scales: None}), "span arrays"),
+                   (_with_arrays(saved, **{scales: np.concatenate([flat[scales], flat[scales][:2]])}), "span arrays")]
+        if mode == "compact":
+            damaged.append((_with_arrays(saved, **{packing.Q3_KEY: flat[packing.Q3_KEY][:-3]}), "3-bit host codes"))
+        else:
+            assert packing.Q3_KEY not in flat and packing.CODES in flat
+        for bad, problem in damaged:
+            with pytest.raises(MemoryFileError, match=problem):
+                restore_into(second, bad)
+            assert second.n_tokens == 0
+        restore_into(second, saved)
         restore_into(second, saved)
         assert second.n_tokens == first.n_tokens
     finally:

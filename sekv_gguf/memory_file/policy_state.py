@@ -7,9 +7,10 @@ Modes. ``lossless``: everything; the next logits equal the saving process's bit 
 the restore can rebuild is left out — the zoom slots' rows (the spans that sit in them are kept and written again
 from the host tier, as a zoom writes them) and, on iSWA models, the sliding-window cache with the window's newest
 ``n_swa + tail_refresh`` tokens (decoded again on restore over the memory, as the prompt's tail refresh decodes
-them) — and no carried logits; what it keeps is stored smaller (``compact_codec``: the host tier's 4-bit codes in
-3 bits, the device rows as q8_0 blocks), so the next logits are close to, not equal to, the saving process's. For a
-policy without zoom slots only the logits are dropped and the device rows stored as q8_0."""
+them) — and no carried logits; what it keeps is stored smaller (``packing``: the host tier's 4-bit codes in 3 bits,
+the device rows as q8_0 blocks), so the next logits are close to, not equal to, the saving process's. For a policy
+without zoom slots only the logits are dropped and the device rows stored as q8_0. In both modes the spans' arrays
+are saved as a few flat tensors (``packing``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ..errors import MemoryFileError, SekvError
 from ..policies.base import Policy
 from ..policies.prefill import redecode_tail
 from ..policies.snapshot import DeviceState, Snapshot
-from . import compact_codec
+from . import packing
 from .fileio import MODES, SavedMemory, read_memory_file, write_memory_file
 from .fingerprint import Fingerprint
 
@@ -102,8 +103,7 @@ def _saved(policy: Policy, tokens: list[int], device: dict[str, Any] | DeviceSta
     if mode == "compact" and "prev_logits" in memory:
         memory["prev_logits"] = None
     content = {"tokens": np.asarray(tokens, dtype=np.int32), "device": device, "memory": memory}
-    if mode == "compact":
-        compact_codec.pack(content)
+    packing.pack(content, mode)
     return SavedMemory(fingerprint=fp, mode=mode, content=content)
 
 
@@ -157,7 +157,7 @@ def restore_into(policy: Policy, saved: SavedMemory, source: str = "saved memory
     saved.fingerprint.check_fits(Fingerprint.of(policy), source)
     policy.reset()
     try:
-        content = compact_codec.unpack(saved.content) if saved.mode == "compact" else saved.content
+        content = packing.unpack(saved.content)
         device = content["device"]
         if "llama_seq" in device:
             _put_seq_state(policy, device["llama_seq"])
