@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .. import kv_codec
 from ..spans import Q4_LEVELS
@@ -38,6 +38,7 @@ CODES = "q4.uint8"          # the 4-bit codes' entry (a factor's mark)
 FIELDS = ("us", "vt", "raw", "q8", "scale", "q4", "blocks")   # the array fields of ``Factors``
 DEVICE_KEY = "rows_format"  # device[DEVICE_KEY]: "q8_0" when the rows are blocks
 Q8_0 = GGMLQuantizationType.Q8_0
+Q8_0_BLOCK = GGML_QUANT_SIZES[Q8_0][0]  # values per q8_0 block: a head must be whole blocks
 
 
 def _luts() -> tuple[np.ndarray, np.ndarray]:
@@ -111,7 +112,7 @@ def pack(content: dict[str, Any], mode: str) -> None:
         memory[ARRAYS_KEY] = flat
     device = content["device"]
     rows = device.get("rows") if isinstance(device, dict) else None
-    if mode == "compact" and rows and all(x.dtype == np.float16 and x.ndim == 3 and x.shape[2] % 32 == 0
+    if mode == "compact" and rows and all(x.dtype == np.float16 and x.ndim == 3 and x.shape[2] % Q8_0_BLOCK == 0
                                           for kv in rows for x in kv):
         device["rows"] = [[kv_codec.encode(x.astype(np.float32), Q8_0, x.shape[1], x.shape[2]) for x in kv]
                           for kv in rows]
