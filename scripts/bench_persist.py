@@ -22,7 +22,7 @@ from pathlib import Path
 GIB = 1 << 30
 WARM_HOST_BYTES = 8 * GIB  # the host memory the warm conversations are counted in
 N_ANSWER = 16
-MODES = ("lossless", "compact")
+MODES = ("lossless", "compact", "compact3")
 
 
 def _llm(model: str, n_ctx: int, budget: float, threads: int):

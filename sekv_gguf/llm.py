@@ -351,7 +351,7 @@ class SekvLlama(llama_cpp.Llama):
     # -- saved memories ----------------------------------------------------------------------------------------
 
     def save_state(self, mode: str = "lossless", extra: Any = None) -> SekvState:
-        """The live conversation's memory as a ``SekvState`` (``mode``: ``lossless`` or ``compact``,
+        """The live conversation's memory as a ``SekvState`` (``mode``: ``lossless``, ``compact`` or ``compact3``,
         docs/memory-files.md; ``extra``: plain data saved with it, e.g. a chat's messages); ``state.save(path)``
         writes it as a memory file."""
         if mode not in MODES:

@@ -31,8 +31,9 @@ class MemoryDirConfig:
 
     path: str = setting("", "directory of the saved conversations (created, mode 0700)")
     max_bytes: int = setting(4 << 30, "most bytes the saved files may take; the least recently used go first")
-    mode: str = setting("lossless", "lossless (the next turn exactly as before) or compact (smaller: spans at "
-                                    "summary resolution)", choices=MODES)
+    mode: str = setting("lossless", "lossless (the next turn exactly as before), compact (smaller: spans at "
+                                    "summary resolution, q8_0 device rows) or compact3 (compact with 3-bit host "
+                                    "rows: smallest)", choices=MODES)
     close_timeout_s: float = setting(60.0, "at close, how long the saves still queued may take")
 
     def __post_init__(self) -> None:

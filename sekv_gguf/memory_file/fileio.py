@@ -27,7 +27,8 @@ from . import keys as K
 from .fingerprint import Fingerprint
 
 FILE_MODE = 0o600  # a memory holds the conversation's content
-MODES = ("lossless", "compact")
+MODES = ("lossless", "compact", "compact3")  # compact3: compact with the host codes in 3 bits (``packing``)
+COMPACT_MODES = ("compact", "compact3")
 REQUIRED = {"tokens", "device", "memory"}  # the content of every memory file; "extra" is the caller's (chat messages)
 
 _U32, _STR = GGUFValueType.UINT32, GGUFValueType.STRING

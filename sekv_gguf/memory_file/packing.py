@@ -6,17 +6,18 @@ plain content on the way out (``pack``) and undone on the way in (``unpack``):
   the tensor's key as a mark and the array's shape (in the layout). Two arrays per span and layer would be ~20K
   tensors at 16K on Qwen2.5-Coder-1.5B, most of a file's read time; the values are unchanged (lossless stays bit
   for bit).
-- **compact, host rows in 3 bits**: every 4-bit code of the host tier (codes 0..15) becomes a 3-bit code
+- **compact3, host rows in 3 bits**: every 4-bit code of the host tier (codes 0..15) becomes a 3-bit code
   ``round(c * 7 / 15)``, and its scale ``scale * 15 / 14``; the codes' tensor holds them packed (two codes of a
   byte -> 6 bits, four bytes -> three). Read back they are 4-bit codes ``2 * c3`` (0..14) with that scale: the
   same values, in the layout the native readers take, so a restored memory holds what a memory of 3-bit rows
   would. Zero points and int8 / f16 rows are kept as they are.
-- **compact, device rows as q8_0**: the kept cells' f16 K and V rows (sinks, anchors, summary rows, window) as
+- **compact and compact3, device rows as q8_0**: the kept cells' f16 K and V rows (sinks, anchors, summary rows, window) as
   llama.cpp's q8_0 blocks (gguf-py's quantizer, 32 values and one f16 scale a block), widened back to f16 on the
   way in; caches of another type or heads not a whole number of blocks keep their rows.
 
-What compact costs is measured in ``scripts/bench_persist.py`` (the conversation's needles and answers after a
-compact restore) and tested (tests/test_memory_file.py: close to the saving process's next logits)."""
+What they cost is measured in ``scripts/bench_persist.py`` (the conversation's needles and answers after a restore;
+3-bit codes lost a needle on Gemma 3 270M that 4-bit ones keep, so they are a mode of their own) and tested
+(tests/test_memory_file.py: close to the saving process's next logits)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .. import kv_codec
 from ..spans import Q4_LEVELS
+from .fileio import COMPACT_MODES
 
 Q3_LEVELS = 7                                  # the largest 3-bit code
 SCALE_FACTOR = Q4_LEVELS / (2 * Q3_LEVELS)     # a 4-bit scale -> the scale of the codes 2 * c3
-ARRAYS_KEY = "span_arrays"  # memory[ARRAYS_KEY]: {"<field>.<dtype>": flat array}; compact: the 4-bit codes' entry
-Q3_KEY = "q4.q3"            # holds them packed in 3 bits under this key, with their byte count under Q3_COUNT
-Q3_COUNT = "q4.q3.n"
+ARRAYS_KEY = "span_arrays"  # memory[ARRAYS_KEY]: {"<field>.<dtype>": flat array}
+Q3_KEY = "q4.3bit"          # compact: the entry of the codes stored in 3 bits (packed), their bytes under Q3_COUNT
+Q3_COUNT = "q4.3bit.n"
 CODES = "q4.uint8"          # the 4-bit codes' entry (a factor's mark)
 FIELDS = ("us", "vt", "raw", "q8", "scale", "q4", "blocks")   # the array fields of ``Factors``
 DEVICE_KEY = "rows_format"  # device[DEVICE_KEY]: "q8_0" when the rows are blocks
@@ -79,40 +81,40 @@ def unpack_codes(packed: np.ndarray, n: int) -> np.ndarray:
     return TO8[six.reshape(-1)[:n]]
 
 
-def _factors(memory: Any) -> list[dict[str, Any]]:
-    """The factor dicts of a plain SeKV memory, in file order (none for another policy's memory)."""
+def _factors(memory: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(side "k" | "v", factor dict) of a plain SeKV memory, in file order (none for another policy's memory)."""
     store = memory.get("store") if isinstance(memory, dict) else None
     if not isinstance(store, dict):
         return []
-    return [f for sp in store["spans"] for side in ("k", "v") for f in sp[side] if isinstance(f, dict)]
+    return [(side, f) for sp in store["spans"] for side in ("k", "v") for f in sp[side] if isinstance(f, dict)]
 
 
 def pack(content: dict[str, Any], mode: str) -> None:
     """Put ``content`` (a file's plain content, made for it: its dicts are replaced, never the memory's arrays) into
-    the flat span arrays, and for ``mode="compact"`` into the smaller encodings."""
+    the flat span arrays, and for the compact modes into the smaller encodings (``compact3``: the codes too)."""
     memory = content["memory"]
     factors = _factors(memory)
     groups: dict[str, list[np.ndarray]] = {}
-    for f in factors:
-        if mode == "compact" and isinstance(f.get("q4"), np.ndarray):
+    for side, f in factors:
+        three = mode == "compact3" and isinstance(f.get("q4"), np.ndarray)
+        if three:
             scale = f["scale"].astype(np.float32)                  # [2, ...]: (scale, zero)
             scale[0] *= SCALE_FACTOR
             f["scale"] = scale.astype(np.float16)
         for field in FIELDS:
             x = f.get(field)
             if isinstance(x, np.ndarray):
-                key = f"{field}.{x.dtype.name}"
+                key = Q3_KEY if three and field == "q4" else f"{field}.{x.dtype.name}"
                 groups.setdefault(key, []).append(x.reshape(-1))
                 f[f"shape_{field}"], f[field] = [int(n) for n in x.shape], key    # the shape in the layout
     if groups:
         flat = {key: np.concatenate(parts) for key, parts in groups.items()}
-        if mode == "compact" and CODES in flat:
-            codes = flat.pop(CODES)
-            flat[Q3_KEY], flat[Q3_COUNT] = pack_codes(codes), int(codes.size)
+        if Q3_KEY in flat:
+            flat[Q3_KEY], flat[Q3_COUNT] = pack_codes(flat[Q3_KEY]), int(flat[Q3_KEY].size)
         memory[ARRAYS_KEY] = flat
     device = content["device"]
     rows = device.get("rows") if isinstance(device, dict) else None
-    if mode == "compact" and rows and all(x.dtype == np.float16 and x.ndim == 3 and x.shape[2] % Q8_0_BLOCK == 0
+    if mode in COMPACT_MODES and rows and all(x.dtype == np.float16 and x.ndim == 3 and x.shape[2] % Q8_0_BLOCK == 0
                                           for kv in rows for x in kv):
         device["rows"] = [[kv_codec.encode(x.astype(np.float32), Q8_0, x.shape[1], x.shape[2]) for x in kv]
                           for kv in rows]
@@ -127,7 +129,7 @@ def unpack(content: dict[str, Any]) -> dict[str, Any]:
     memory = content["memory"]
     if isinstance(memory, dict) and ARRAYS_KEY in memory:
         memory = _unpack_arrays(memory)
-    elif any(isinstance(f.get(field), str) for f in _factors(memory) for field in FIELDS):
+    elif any(isinstance(f.get(field), str) for _, f in _factors(memory) for field in FIELDS):
         raise ValueError("span arrays: a span's arrays are marked packed, the memory holds none")
     out["memory"] = memory
     device = content["device"]
@@ -157,7 +159,7 @@ def _unpack_arrays(memory: dict[str, Any]) -> dict[str, Any]:
         n = flat.pop(Q3_COUNT, None)
         if not (isinstance(n, int) and not isinstance(n, bool) and isinstance(flat[Q3_KEY], np.ndarray)):
             raise ValueError("3-bit host codes: the packed codes or their count are missing")
-        flat[CODES] = unpack_codes(flat.pop(Q3_KEY), n)
+        flat[Q3_KEY] = unpack_codes(flat[Q3_KEY], n)
     if not all(isinstance(a, np.ndarray) and a.ndim == 1 for a in flat.values()):
         raise ValueError("span arrays: an entry is not a flat array")
     memory = {k: v for k, v in memory.items() if k != ARRAYS_KEY}
@@ -166,7 +168,7 @@ def _unpack_arrays(memory: dict[str, Any]) -> dict[str, Any]:
                       for sp in store["spans"]]
     memory["store"] = store
     at = dict.fromkeys(flat, 0)
-    for f in _factors(memory):
+    for _, f in _factors(memory):
         for field in FIELDS:
             if isinstance(f.get(field), str):
                 f[field] = _take(f, field, flat, at)

@@ -26,7 +26,7 @@ from ..policies.base import Policy
 from ..policies.prefill import redecode_tail
 from ..policies.snapshot import DeviceState, Snapshot
 from . import packing
-from .fileio import MODES, SavedMemory, read_memory_file, write_memory_file
+from .fileio import COMPACT_MODES, MODES, SavedMemory, read_memory_file, write_memory_file
 from .fingerprint import Fingerprint
 
 FULL = "full"  # the policy whose device state is llama.cpp's own sequence state
@@ -98,9 +98,9 @@ def _saved(policy: Policy, tokens: list[int], device: dict[str, Any] | DeviceSta
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     fp = Fingerprint.of(policy, tokens)
     if isinstance(device, DeviceState):
-        blank = _compact(policy, device, memory) if mode == "compact" else np.zeros(device.cells.size, dtype=bool)
+        blank = _compact(policy, device, memory) if mode in COMPACT_MODES else np.zeros(device.cells.size, dtype=bool)
         device = _device_plain(device, blank)
-    if mode == "compact" and "prev_logits" in memory:
+    if mode in COMPACT_MODES and "prev_logits" in memory:
         memory["prev_logits"] = None
     content = {"tokens": np.asarray(tokens, dtype=np.int32), "device": device, "memory": memory}
     packing.pack(content, mode)
@@ -168,7 +168,7 @@ def restore_into(policy: Policy, saved: SavedMemory, source: str = "saved memory
         policy.memory.load_plain(memory)
         policy.tokens = saved.tokens
         policy.phase = "decode"
-        if saved.mode == "compact" and "zoom" in memory and "window" in memory:
+        if saved.mode in COMPACT_MODES and "zoom" in memory and "window" in memory:
             _rebuild(policy, saved.tokens, recompute)
     except Exception as e:
         policy.reset()

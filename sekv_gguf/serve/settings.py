@@ -54,8 +54,9 @@ class ServeConfig:
                                            "request continues it (docs/memory-files.md)")
     memory_dir_bytes: int = setting(4 << 30, "most bytes the saved conversations may take on disk (the least "
                                              "recently used go first)")
-    memory_mode: str = setting("lossless", "how conversations are saved: lossless (the next turn exactly as before) "
-                                           "or compact (smaller: spans at summary resolution)", choices=MODES)
+    memory_mode: str = setting("lossless", "how conversations are saved: lossless (the next turn exactly as before), "
+                                           "compact (smaller: spans at summary resolution, q8_0 device rows) or compact3 "
+                                           "(compact with 3-bit host rows: smallest)", choices=MODES)
     shutdown_grace_s: float = setting(10.0, "on SIGTERM, how long a running stream may take to send its last chunk")
 
     def __post_init__(self) -> None:
