@@ -1,7 +1,8 @@
 """Saved memories (``sekv_gguf.memory_file``): a memory written to a GGUF file and loaded into a NEW policy gives the
-next turn's logits bit for bit and the same greedy continuation (tiny llama, tiny Gemma-3 iSWA); the compact mode
-is smaller (3-bit host codes, q8_0 device rows) and gives the next turn close to the saver's; a wrong model, settings, version or a damaged file is refused naming the problem;
-files are written atomically with mode 0600."""
+next turn's logits bit for bit and the same greedy continuation (tiny llama, tiny Gemma-3 iSWA); the compact modes
+are smaller (q8_0 device rows; compact3: 3-bit host codes) and give the next turn close to the saver's; a wrong
+model, settings, version, damaged span arrays or a damaged file is refused naming the problem; files are written
+atomically with mode 0600."""
 
 from __future__ import annotations
 

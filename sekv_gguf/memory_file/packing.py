@@ -11,9 +11,9 @@ plain content on the way out (``pack``) and undone on the way in (``unpack``):
   byte -> 6 bits, four bytes -> three). Read back they are 4-bit codes ``2 * c3`` (0..14) with that scale: the
   same values, in the layout the native readers take, so a restored memory holds what a memory of 3-bit rows
   would. Zero points and int8 / f16 rows are kept as they are.
-- **compact and compact3, device rows as q8_0**: the kept cells' f16 K and V rows (sinks, anchors, summary rows, window) as
-  llama.cpp's q8_0 blocks (gguf-py's quantizer, 32 values and one f16 scale a block), widened back to f16 on the
-  way in; caches of another type or heads not a whole number of blocks keep their rows.
+- **compact and compact3, device rows as q8_0**: the kept cells' f16 K and V rows (sinks, anchors, summary rows,
+  window) as llama.cpp's q8_0 blocks (gguf-py's quantizer, 32 values and one f16 scale a block), widened back to
+  f16 on the way in; caches of another type or heads not a whole number of blocks keep their rows.
 
 What they cost is measured in ``scripts/bench_persist.py`` (the conversation's needles and answers after a restore;
 3-bit codes lost a needle on Gemma 3 270M that 4-bit ones keep, so they are a mode of their own) and tested
@@ -34,7 +34,7 @@ from .fileio import COMPACT_MODES
 Q3_LEVELS = 7                                  # the largest 3-bit code
 SCALE_FACTOR = Q4_LEVELS / (2 * Q3_LEVELS)     # a 4-bit scale -> the scale of the codes 2 * c3
 ARRAYS_KEY = "span_arrays"  # memory[ARRAYS_KEY]: {"<field>.<dtype>": flat array}
-Q3_KEY = "q4.3bit"          # compact: the entry of the codes stored in 3 bits (packed), their bytes under Q3_COUNT
+Q3_KEY = "q4.3bit"          # compact3: the entry of the codes stored in 3 bits (packed), their bytes under Q3_COUNT
 Q3_COUNT = "q4.3bit.n"
 CODES = "q4.uint8"          # the 4-bit codes' entry (a factor's mark)
 FIELDS = ("us", "vt", "raw", "q8", "scale", "q4", "blocks")   # the array fields of ``Factors``
@@ -81,12 +81,12 @@ def unpack_codes(packed: np.ndarray, n: int) -> np.ndarray:
     return TO8[six.reshape(-1)[:n]]
 
 
-def _factors(memory: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(side "k" | "v", factor dict) of a plain SeKV memory, in file order (none for another policy's memory)."""
+def _factors(memory: Any) -> list[dict[str, Any]]:
+    """The factor dicts (K and V) of a plain SeKV memory, in file order (none for another policy's memory)."""
     store = memory.get("store") if isinstance(memory, dict) else None
     if not isinstance(store, dict):
         return []
-    return [(side, f) for sp in store["spans"] for side in ("k", "v") for f in sp[side] if isinstance(f, dict)]
+    return [f for sp in store["spans"] for side in ("k", "v") for f in sp[side] if isinstance(f, dict)]
 
 
 def pack(content: dict[str, Any], mode: str) -> None:
@@ -95,7 +95,7 @@ def pack(content: dict[str, Any], mode: str) -> None:
     memory = content["memory"]
     factors = _factors(memory)
     groups: dict[str, list[np.ndarray]] = {}
-    for side, f in factors:
+    for f in factors:
         three = mode == "compact3" and isinstance(f.get("q4"), np.ndarray)
         if three:
             scale = f["scale"].astype(np.float32)                  # [2, ...]: (scale, zero)
@@ -114,8 +114,9 @@ def pack(content: dict[str, Any], mode: str) -> None:
         memory[ARRAYS_KEY] = flat
     device = content["device"]
     rows = device.get("rows") if isinstance(device, dict) else None
-    if mode in COMPACT_MODES and rows and all(x.dtype == np.float16 and x.ndim == 3 and x.shape[2] % Q8_0_BLOCK == 0
-                                          for kv in rows for x in kv):
+    whole_blocks = rows and all(x.dtype == np.float16 and x.ndim == 3 and x.shape[2] % Q8_0_BLOCK == 0
+                                for kv in rows for x in kv)
+    if mode in COMPACT_MODES and whole_blocks:
         device["rows"] = [[kv_codec.encode(x.astype(np.float32), Q8_0, x.shape[1], x.shape[2]) for x in kv]
                           for kv in rows]
         device[DEVICE_KEY] = "q8_0"
@@ -129,7 +130,7 @@ def unpack(content: dict[str, Any]) -> dict[str, Any]:
     memory = content["memory"]
     if isinstance(memory, dict) and ARRAYS_KEY in memory:
         memory = _unpack_arrays(memory)
-    elif any(isinstance(f.get(field), str) for _, f in _factors(memory) for field in FIELDS):
+    elif any(isinstance(f.get(field), str) for f in _factors(memory) for field in FIELDS):
         raise ValueError("span arrays: a span's arrays are marked packed, the memory holds none")
     out["memory"] = memory
     device = content["device"]
@@ -168,7 +169,7 @@ def _unpack_arrays(memory: dict[str, Any]) -> dict[str, Any]:
                       for sp in store["spans"]]
     memory["store"] = store
     at = dict.fromkeys(flat, 0)
-    for _, f in _factors(memory):
+    for f in _factors(memory):
         for field in FIELDS:
             if isinstance(f.get(field), str):
                 f[field] = _take(f, field, flat, at)
