@@ -234,11 +234,12 @@ def factorize(mats: list[np.ndarray], config: SekvConfig, values: bool = False,
     energy = config.energy_v if values and config.energy_v is not None else config.energy
     ranks = energy_rank(s, energy).max(axis=1)  # [B] one rank for all heads of a span
     out: list[Factors] = []
-    fmt = host_format_of(config.host_format, None if blocks is None else block_type)
+    cache_blocks = None if blocks is None else block_type  # the cache's block type where its rows are blocks
+    fmt = host_format_of(config.host_format, cache_blocks)
     for i, m in enumerate(mats):
         length, r = m.shape[0], int(ranks[i])
         # bytes per head: fp16 factors 2r(L + d) against the rows as stored (``rows_nbytes``)
-        kept = rows_nbytes(length, d, fmt, values, None if blocks is None else block_type)
+        kept = rows_nbytes(length, d, fmt, values, cache_blocks)
         if r > config.r_max or 2 * r * (length + d) >= kept:
             out.append(stored_rows(m, fmt, values, None if blocks is None else blocks[i], block_type))
             continue
