@@ -9,7 +9,7 @@
 # Steps: fetch the sdist with pip and check its sha256; apply patches/ (any hunk that does not apply stops the
 # build); configure and build the `llama` target with CMake. Cached under $SEKV_CACHE/llama/KEY, KEY a hash of the
 # sdist, the patches and the flags, so a second run is a no-op; nothing depends on the cache being there.
-# Environment: SEKV_CACHE, SEKV_JOBS, SEKV_CUDA, SEKV_CUDA_ARCHS, SEKV_CMAKE_ARGS, PYTHON (for pip download).
+# Environment: SEKV_CACHE, SEKV_JOBS, SEKV_CUDA, SEKV_CUDA_ARCHS, SEKV_CMAKE_ARGS, SEKV_AMX, PYTHON (for pip download).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,6 +31,18 @@ case "$VARIANT" in
     asan) BUILD_TYPE=None ;;  # its own flags below (-O1 -g1: quicker to build than -O2 -g; reports keep lines)
     *) die "unknown variant $VARIANT (release or asan)" ;;
 esac
+# ggml's AMX kernels (Intel Xeon 4th gen+: -march=native turns them on) crash on quantized weights in the first
+# decode on some of these machines (SIGSEGV in ggml_backend_amx_mul_mat: llama.cpp issue 20824, seen here with this
+# pin on a Sapphire Rapids VM, Gemma 3 Q4_K_M and stock llama-cpp-python alike), so they are compiled out; the
+# AVX-512 kernels do the work. SEKV_AMX=1 keeps them. Only flags the compiler knows are passed (x86 GCC / Clang).
+CPU_FLAGS=""
+if [ "${SEKV_AMX:-0}" != "1" ]; then
+    for f in -mno-amx-tile -mno-amx-int8 -mno-amx-bf16; do
+        if echo 'int main(void){return 0;}' | "${CC:-cc}" "$f" -x c -fsyntax-only - 2>/dev/null; then
+            CPU_FLAGS="${CPU_FLAGS:+$CPU_FLAGS }$f"
+        fi
+    done
+fi
 CMAKE_FLAGS=(
     -G Ninja
     "-DCMAKE_BUILD_TYPE=$BUILD_TYPE"
@@ -47,6 +59,9 @@ case "$VARIANT" in
         if [ "$CUDA" = "1" ]; then
             CMAKE_FLAGS+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS")
         fi
+        if [ -n "$CPU_FLAGS" ]; then
+            CMAKE_FLAGS+=("-DCMAKE_C_FLAGS=$CPU_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_FLAGS")
+        fi
         if [ -n "${SEKV_CMAKE_ARGS:-}" ]; then
             # shellcheck disable=SC2206
             CMAKE_FLAGS+=($SEKV_CMAKE_ARGS)
@@ -54,7 +69,7 @@ case "$VARIANT" in
         ;;
     asan)
         CMAKE_FLAGS+=(-DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TOOLS=OFF)
-        SAN="-O1 -g1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+        SAN="-O1 -g1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer${CPU_FLAGS:+ $CPU_FLAGS}"
         CMAKE_FLAGS+=(-DGGML_OPENMP=OFF "-DCMAKE_C_FLAGS=$SAN"
                       "-DCMAKE_CXX_FLAGS=$SAN" "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined")
         ;;
