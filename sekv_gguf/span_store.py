@@ -158,11 +158,7 @@ class SpanStore:
                 self.kmin[ikv] = np.concatenate([self.kmin[ikv], lo])
                 self.kmax[ikv] = np.concatenate([self.kmax[ikv], hi])
             if "blocks" in self.fields:
-                blocks = np.zeros((self.n_head_kv, n_new, self.n_blocks, self.head_dim), dtype=np.float32)
-                for i, (p, split) in enumerate(zip(k_parts, splits)):
-                    for b, idx in enumerate(split):
-                        blocks[:, i, b] = p[idx].mean(axis=0)            # [Hkv, d]
-                codes, scale = _index_codes(blocks, self.q8_index)
+                codes, scale = self._block_index(k_parts, splits)
                 self.blocks[ikv] = np.concatenate([self.blocks[ikv], codes], axis=1)
                 self.block_scale[ikv] = np.concatenate([self.block_scale[ikv], scale], axis=1)
             if self.sketch_shape is not None:
@@ -171,10 +167,7 @@ class SpanStore:
                 self.sketch[ikv] = add if not have else {f: np.concatenate([have[f], add[f]]) for f in SKETCH_FIELDS}
             summaries.append((k_mean.reshape(n_new, -1).astype(np.float16),   # [n_new, Hkv*d]
                               v_mean.reshape(n_new, -1).astype(np.float16)))
-        logn = np.full((n_new, self.n_blocks), -np.inf, dtype=np.float32)
-        for i, split in enumerate(splits):
-            logn[i, : len(split)] = np.log([idx.size for idx in split])
-        self.block_logn = np.concatenate([self.block_logn, logn])
+        self.block_logn = np.concatenate([self.block_logn, self._block_logn(splits)])
         self.spans.extend(new)
         self.lengths = np.concatenate([self.lengths, [s.length for s in new]]).astype(np.float32)
         return summaries
@@ -186,6 +179,38 @@ class SpanStore:
         if not kv_codec.is_block(type_id):
             return values, None
         return values, np.ascontiguousarray(rows, dtype=np.uint8).reshape(rows.shape[0], self.n_head_kv, -1)
+
+    def _block_index(self, k_parts: list[np.ndarray], splits: list[list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        """The routing index of spans with keys ``k_parts[i]`` f32 [L_i, Hkv, d] cut into blocks ``splits[i]``: the
+        mean key of each block as kept (``_index_codes``: codes [Hkv, n, B, d], scales [Hkv, n, B])."""
+        blocks = np.zeros((self.n_head_kv, len(k_parts), self.n_blocks, self.head_dim), dtype=np.float32)
+        for i, (p, split) in enumerate(zip(k_parts, splits)):
+            for b, idx in enumerate(split):
+                blocks[:, i, b] = p[idx].mean(axis=0)                    # [Hkv, d]
+        return _index_codes(blocks, self.q8_index)
+
+    def _block_logn(self, splits: list[list[np.ndarray]]) -> np.ndarray:
+        """f32 [n, B]: log tokens per block of spans cut into ``splits`` (-inf past a span's blocks)."""
+        logn = np.full((len(splits), self.n_blocks), -np.inf, dtype=np.float32)
+        for i, split in enumerate(splits):
+            logn[i, : len(split)] = np.log([idx.size for idx in split])
+        return logn
+
+    @single_threaded_blas
+    def rebuild_index(self) -> None:
+        """The routing index (``blocks``, ``block_scale``, ``block_logn``) computed again from the spans' host K rows,
+        as ``add`` computes it from the cache's rows: a compact memory file leaves it out. From rows kept exactly it
+        is the index ``add`` made; from 4-bit rows, the index of those rows (block means of 16 tokens: the rows'
+        rounding mostly averages out)."""
+        splits = [self._blocks(sp.length) for sp in self.spans]
+        self.block_logn = self._block_logn(splits)
+        for ikv in range(self.n_layer):
+            if "blocks" in self.fields and self.spans:
+                self.blocks[ikv], self.block_scale[ikv] = self._block_index([sp.k[ikv].rebuild() for sp in self.spans],
+                                                                            splits)
+            else:
+                self.blocks[ikv] = self.blocks[ikv][:, :0]
+                self.block_scale[ikv] = self.block_scale[ikv][:, :0]
 
     def _blocks(self, length: int) -> list[np.ndarray]:
         """A span's token indices cut into ceil(length / block_tokens) near-equal blocks (at most ``n_blocks``)."""
@@ -221,6 +246,7 @@ class SpanStore:
     # -- plain data (a saved memory) -------------------------------------------------------------------------------
 
     _STACKED = ("keys", "kmin", "kmax", "blocks", "block_scale", "sketch")  # per-layer lists
+    _INDEX = ("blocks", "block_scale")  # the routing index (with ``block_logn``): ``rebuild_index`` makes it again
 
     def to_plain(self) -> dict[str, Any]:
         """The spans (positions, summary cell, per layer K/V factors or rows) and the routing data stacked from them,
@@ -239,13 +265,17 @@ class SpanStore:
         if any(len(sp.k) != self.n_layer or len(sp.v) != self.n_layer for sp in self.spans):
             raise ValueError(f"a saved span store must hold factors for {self.n_layer} layers")
         self.lengths = np.asarray(data["lengths"], dtype=np.float32)
-        self.block_logn = np.asarray(data["block_logn"], dtype=np.float32)
+        rebuild = data.get("blocks") is None  # left out (a compact file): computed again from the host K rows
+        self.block_logn = np.asarray(data["block_logn"], dtype=np.float32) if not rebuild else self.block_logn[:0]
         for name in self._STACKED:
-            setattr(self, name, list(data[name]))
+            if not (rebuild and name in self._INDEX):
+                setattr(self, name, list(data[name]))
         self.tables = [native.SpanTable(self.n_head_kv, self.head_dim) for _ in range(self.n_layer)]
         for ikv, table in enumerate(self.tables):
             for sp in self.spans:
                 _table_append(table, sp.length, sp.k[ikv])
+        if rebuild:
+            self.rebuild_index()
 
     def place_summaries(self, first: int, cells: np.ndarray) -> None:
         """Record the device cells that hold the summary rows of spans ``first, first+1, ...``."""

@@ -125,12 +125,14 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("mode", ["compact", "compact3"])
-def test_a_compact_memory_is_smaller_and_gives_the_next_turn(model, tmp_path, mode):
-    """Compact: the zoom slots' rows, the carried logits and (iSWA) the sliding-window cache with the window's
-    newest rows are not written, the device rows are stored as q8_0 and (compact3) the host tier's 4-bit codes in 3
-    bits; the restore writes the same spans into the same slots from the host tier (compact: the saver's rows;
-    compact3: within one 3-bit step of them) and decodes the window's newest tokens again. The next turn: the
-    saving policy's top token, KL < 0.01."""
+def test_a_compact_memory_is_smaller_and_gives_the_next_turn(model, tmp_path, mode, monkeypatch):
+    """Compact: the zoom slots' rows, the carried logits, the routing index and (iSWA) the sliding-window cache
+    with the window's newest rows are not written, the device rows are stored as q8_0 and (compact3) the host
+    tier's 4-bit codes in 3 bits, every array deflated (here down to the smallest); the restore writes the same
+    spans into the same slots from the host tier (compact: the saver's rows; compact3: within one 3-bit step of
+    them), computes the index again and decodes the window's newest tokens again. The next turn: the saving
+    policy's top token, KL < 0.01."""
+    monkeypatch.setattr(packing, "DEFLATE_MIN", 0)
     toks = _tokens(model, PROMPT, 500)
     turn = _tokens(model, TURN, 7000)[1:]
     first, second = _make(model), _make(model)
@@ -144,7 +146,10 @@ def test_a_compact_memory_is_smaller_and_gives_the_next_turn(model, tmp_path, mo
         saved = load_memory(second, small)
         iswa = first.session.hook.info.is_iswa
         assert saved.mode == mode and saved.content["device"]["swa"] is None
-        assert (packing.Q3_COUNT in saved.content["memory"][packing.ARRAYS_KEY]) == (mode == "compact3")
+        flat = saved.content["memory"][packing.ARRAYS_KEY]
+        assert (packing.Q3_COUNT in flat) == (mode == "compact3")
+        assert all(packing.DEFLATE_KEY in x for x in flat.values() if isinstance(x, np.ndarray | dict))
+        assert all(saved.content["memory"]["store"][f] is None for f in packing.INDEX_FIELDS)
         lossless = read_memory_file(full).content["device"]
         whole_blocks = lossless["rows"][0][0].shape[2] % 32 == 0     # heads of whole q8_0 blocks (tiny llama: 16)
         assert saved.content["device"].get(packing.DEVICE_KEY) == ("q8_0" if whole_blocks else None)
@@ -164,6 +169,12 @@ def test_a_compact_memory_is_smaller_and_gives_the_next_turn(model, tmp_path, mo
                     else:  # a 4-bit step and a 3-bit step of the span's range, halves: < 0.11 of it
                         assert (np.abs(a - b) <= 0.11 * span[None, :, None] + 1e-3).all()
         assert len(second.memory.store) == len(first.memory.store)
+        a_store, b_store = first.memory.store, second.memory.store
+        assert np.array_equal(a_store.block_logn, b_store.block_logn)
+        tol = 0.1 if mode == "compact" else 0.2   # the index of the host rows: block means of 4- (3-) bit keys
+        for ikv in range(a_store.n_layer):
+            a, b = a_store.block_keys(ikv), b_store.block_keys(ikv)
+            assert a.shape == b.shape and np.abs(a - b).max() <= tol * np.abs(a).max()
         want, got = _continue(first, turn, 4), _continue(second, turn, 4)
         assert int(np.argmax(got[0])) == int(np.argmax(want[0])) and _kl(want[0], got[0]) < 1e-2
         assert any(second.memory.zoom.resident) and len(got[1]) == 4
@@ -187,6 +198,51 @@ def test_compact_host_codes_round_trip_within_a_3_bit_step():
             assert (err <= 0.5 * 15 / 7 + 1e-9).all()
     with pytest.raises(ValueError, match="3-bit host codes"):
         packing.unpack_codes(np.zeros(5, dtype=np.uint8), 8)
+
+
+def test_the_routing_index_is_computed_again_as_it_was_made(llama_model):
+    """A compact memory leaves the store's block index out; from host rows kept exactly (f16, energy 1) the
+    restore computes the very index the saver made from the cache's rows."""
+    exact = SekvConfig(route_every=2, host_format="f16", energy=1.0)
+    first, second = _make(llama_model, params=exact), _make(llama_model, params=exact)
+    try:
+        first.append(_tokens(llama_model, 900, 300))
+        restore_into(second, capture(first, "compact"))
+        a, b = first.memory.store, second.memory.store
+        assert len(a) > 4 and np.array_equal(a.block_logn, b.block_logn)
+        for ikv in range(a.n_layer):
+            assert np.array_equal(a.blocks[ikv], b.blocks[ikv])
+            assert np.array_equal(a.block_scale[ikv], b.block_scale[ikv])
+    finally:
+        first.close()
+        second.close()
+
+
+def test_deflated_arrays_round_trip_bit_for_bit_and_damage_is_refused():
+    """``packing.deflate`` / ``inflate``: every dtype a file holds comes back bit for bit (f16 NaNs and -0 too); a
+    damaged stream, a stated size the stream does not hold (more, less, or more than any stream of its bytes can),
+    a foreign type or a stream that is not bytes is refused naming it."""
+    rng = np.random.default_rng(1)
+    arrays = [rng.integers(0, 256, 5000, dtype=np.uint8), rng.integers(-127, 128, (7, 3, 16), dtype=np.int8),
+              np.array([np.nan, -0.0, np.inf, 1e-7, 65504], dtype=np.float16),
+              rng.standard_normal((3, 100)).astype(np.float16), rng.standard_normal(33).astype(np.float32),
+              np.arange(10, dtype=np.int32), np.zeros(0, dtype=np.float16)]
+    for a in arrays:
+        entry = packing.deflate(a)
+        back = packing.inflate(entry)
+        assert back.dtype == a.dtype and back.shape == a.shape
+        assert back.tobytes() == a.tobytes()
+    entry = packing.deflate(arrays[3])
+    stream = entry[packing.DEFLATE_KEY].copy()
+    stream[len(stream) // 2] ^= 0xFF
+    bad = [({**entry, packing.DEFLATE_KEY: stream}, "damaged|holds"),
+           ({**entry, packing.DEFLATE_KEY: entry[packing.DEFLATE_KEY][:-5]}, "holds less"),
+           ({**entry, "shape": [3, 99]}, "holds more"), ({**entry, "shape": [3, 101]}, "holds less"),
+           ({**entry, "shape": [1 << 40]}, "stream bytes can hold"), ({**entry, "dtype": "object"}, "type"),
+           ({**entry, "shape": [-3, 100]}, "shape"), ({**entry, packing.DEFLATE_KEY: stream.view(np.int8)}, "uint8")]
+    for e, problem in bad:
+        with pytest.raises(ValueError, match=problem):
+            packing.inflate(e)
 
 
 def _with_arrays(saved, **changes):

@@ -8,9 +8,10 @@ GENERAL_ARCHITECTURE = Keys.General.ARCHITECTURE  # the model's (gguf-dump shows
 GENERAL_NAME = Keys.General.NAME                  # the model's name
 
 TYPE_MEMORY = "sekv_memory"
-FORMAT_VERSION = 3      # 3: the spans' arrays as a few flat tensors, compact files' host codes in 3 bits and device
-                        # rows q8_0 (``packing``); 2: the layout zlib-compressed (base64); 1: plain JSON (1, 2 read)
-READ_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4      # 4: compact files deflated and without the routing index; 3: the spans' arrays as a few
+                        # flat tensors, compact files' host codes in 3 bits and device rows q8_0 (``packing``);
+                        # 2: the layout zlib-compressed (base64); 1: plain JSON (all read)
+READ_VERSIONS = (1, 2, 3, 4)
 LAYOUT_MAX_BYTES = 256 << 20  # the most a compressed layout may inflate to (a damaged or hostile file)
 
 VERSION = "sekv.memory.version"            # u32, FORMAT_VERSION of the writer
