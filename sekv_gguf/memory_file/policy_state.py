@@ -7,8 +7,9 @@ Modes. ``lossless``: everything; the next logits equal the saving process's bit 
 the restore can rebuild is left out — the zoom slots' rows (the spans that sit in them are kept and written again
 from the host tier, as a zoom writes them) and, on iSWA models, the sliding-window cache with the window's newest
 ``n_swa + tail_refresh`` tokens (decoded again on restore over the memory, as the prompt's tail refresh decodes
-them) — and no carried logits; the device rows it keeps are stored as q8_0 blocks (``packing``), so the next
-logits are close to, not equal to, the saving process's. ``compact3``: compact with the host tier's 4-bit codes
+them), the routing index (computed again from the host K rows) — and no carried logits; the device rows it keeps
+are stored as q8_0 blocks and its arrays deflated (``packing``), so the next logits are close to, not equal to, the
+saving process's. ``compact3``: compact with the host tier's 4-bit codes
 stored in 3 bits. For a policy without zoom slots the compact modes only drop the logits and store the device rows
 as q8_0. In every mode the spans' arrays are saved as a few flat tensors (``packing``)."""
 
