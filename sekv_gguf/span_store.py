@@ -61,6 +61,8 @@ def _table_append(table: native.SpanTable, length: int, k: Factors) -> None:
     table.append(length, k.raw, k.us, k.vt, k.q8, k.scale, k.q4)
 
 
+# the routing index's plain-data fields: a compact memory file leaves them out, ``SpanStore.rebuild_index`` makes them
+INDEX_FIELDS = ("blocks", "block_scale", "block_logn")
 # (spread rank, centroids, k-means steps) of the key sketches a router reads (``spans.sketches``)
 SketchShape = tuple[int, int, int]
 # the stacked routing arrays a store can keep per layer; a router names those it reads (``Router.reads``)
@@ -246,7 +248,6 @@ class SpanStore:
     # -- plain data (a saved memory) -------------------------------------------------------------------------------
 
     _STACKED = ("keys", "kmin", "kmax", "blocks", "block_scale", "sketch")  # per-layer lists
-    _INDEX = ("blocks", "block_scale")  # the routing index (with ``block_logn``): ``rebuild_index`` makes it again
 
     def to_plain(self) -> dict[str, Any]:
         """The spans (positions, summary cell, per layer K/V factors or rows) and the routing data stacked from them,
@@ -265,11 +266,11 @@ class SpanStore:
         if any(len(sp.k) != self.n_layer or len(sp.v) != self.n_layer for sp in self.spans):
             raise ValueError(f"a saved span store must hold factors for {self.n_layer} layers")
         self.lengths = np.asarray(data["lengths"], dtype=np.float32)
-        rebuild = data.get("blocks") is None  # left out (a compact file): computed again from the host K rows
-        self.block_logn = np.asarray(data["block_logn"], dtype=np.float32) if not rebuild else self.block_logn[:0]
-        for name in self._STACKED:
-            if not (rebuild and name in self._INDEX):
-                setattr(self, name, list(data[name]))
+        rebuild = any(data.get(name) is None for name in INDEX_FIELDS)  # left out: computed from the host K rows
+        for name in ("block_logn", *self._STACKED):
+            if not (rebuild and name in INDEX_FIELDS):
+                value = data[name]
+                setattr(self, name, np.asarray(value, dtype=np.float32) if name == "block_logn" else list(value))
         self.tables = [native.SpanTable(self.n_head_kv, self.head_dim) for _ in range(self.n_layer)]
         for ikv, table in enumerate(self.tables):
             for sp in self.spans:

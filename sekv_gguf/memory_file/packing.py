@@ -36,6 +36,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .. import kv_codec
+from ..span_store import INDEX_FIELDS
 from ..spans import Q4_LEVELS
 from .fileio import COMPACT_MODES
 
@@ -49,7 +50,6 @@ FIELDS = ("us", "vt", "raw", "q8", "scale", "q4", "blocks")   # the array fields
 DEVICE_KEY = "rows_format"  # device[DEVICE_KEY]: "q8_0" when the rows are blocks
 Q8_0 = GGMLQuantizationType.Q8_0
 Q8_0_BLOCK = GGML_QUANT_SIZES[Q8_0][0]  # values per q8_0 block: a head must be whole blocks
-INDEX_FIELDS = ("blocks", "block_scale", "block_logn")  # the store's routing index, left out of compact files
 DEFLATE_KEY = "zlib"        # a deflated array: {"zlib": uint8 stream, "dtype": name, "shape": [...]}
 DEFLATE_MIN = 1 << 16       # bytes: smaller arrays are stored as they are
 DEFLATE_LEVEL = 1           # zlib's fastest level: within 1% of level 6 on these arrays, twice as fast
