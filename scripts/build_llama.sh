@@ -8,7 +8,8 @@
 #
 # Steps: fetch the sdist with pip and check its sha256; apply patches/ (any hunk that does not apply stops the
 # build); configure and build the `llama` target with CMake. Cached under $SEKV_CACHE/llama/KEY, KEY a hash of the
-# sdist, the patches and the flags, so a second run is a no-op; nothing depends on the cache being there.
+# sdist, the patches, the flags and the CPU's instruction sets, so a second run is a no-op; nothing depends on the
+# cache being there.
 # Environment: SEKV_CACHE, SEKV_JOBS, SEKV_CUDA, SEKV_CUDA_ARCHS, SEKV_CMAKE_ARGS, SEKV_AMX, PYTHON (for pip download).
 set -euo pipefail
 
@@ -78,7 +79,10 @@ esac
 command -v cmake >/dev/null || die "cmake not found"
 command -v ninja >/dev/null || die "ninja not found"
 
-KEY="$( { echo "$LLAMA_CPP_PYTHON_VERSION $LLAMA_CPP_PYTHON_SHA256"; cat "$ROOT"/patches/*.patch; printf '%s\n' "${CMAKE_FLAGS[@]}"; } \
+# the instruction sets -march=native turns on (GGML_NATIVE): a cache shared by machines of other CPUs (a home
+# directory on a network drive) must not hand one machine's build to another, where it would stop on SIGILL
+NATIVE_ISA="$(uname -m) $("${CC:-cc}" -march=native -Q --help=target 2>/dev/null | awk '/\[enabled\]/ {print $1}' | tr '\n' ' ' || true)"
+KEY="$( { echo "$LLAMA_CPP_PYTHON_VERSION $LLAMA_CPP_PYTHON_SHA256"; cat "$ROOT"/patches/*.patch; printf '%s\n' "${CMAKE_FLAGS[@]}"; echo "$NATIVE_ISA"; } \
         | sha256sum | cut -c1-16)"
 BUILD="$CACHE/llama/$KEY"
 if [ -n "${SEKV_DRY_KEY:-}" ]; then  # only the key (setup.sh's up-to-date check)
