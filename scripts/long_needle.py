@@ -3,7 +3,7 @@ span, window), whether its span is zoomed in each hooked layer after the first r
 and whether the answer holds the value — for full KV and sekv at a few budgets and routers. Writes JSON.
 
 The case a new user tries: ~28K tokens of Python documentation prose, one plain sentence holding a 7-digit value at
-depth 0.3, the question at the end.
+depth 0.3 (``--value word``: a one-word password; ``--depth``), the question at the end.
 
     .venv/bin/python scripts/long_needle.py --tokens 28000 --budgets 0.1 0.2 --routers index mass
 
@@ -38,13 +38,14 @@ from sekv_gguf.session import full_kv_bytes, load_model
 
 
 def build(model, task: str | None, n_tokens: int, depth: float, seed: int,
-          haystack: str = "prose") -> tuple[list[int], str, tuple[int, int]]:
+          haystack: str = "prose", value: str = "code") -> tuple[list[int], str, tuple[int, int]]:
     """Prompt tokens, the value and the needle sentence's token range (one token of margin each side): the access
-    code case, or the evaluation's prompt for ``task`` (as ``eval --depths`` makes it)."""
+    code (or password: ``value="word"``) case, or the evaluation's prompt for ``task`` (as ``eval --depths`` makes
+    it)."""
     tok = lambda s: model.tokenize(s.encode(), add_bos=True, special=False)  # noqa: E731
     count = lambda s: len(tok(s))  # noqa: E731
     if task is None:
-        needle = access_code_needle(count, n_tokens, depth, seed)
+        needle = access_code_needle(count, n_tokens, depth, seed, value)
         return tok(needle.prompt), needle.answer, token_range(count, needle.prompt, needle.span)
     case = make_case(task, count, n_tokens, seed, haystack, depth)
     value = case.answers[0]
@@ -93,6 +94,8 @@ def main() -> int:
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.2])
     ap.add_argument("--routers", nargs="+", default=["index", "mass"])
     ap.add_argument("--no-full", action="store_true")
+    ap.add_argument("--value", default="code", choices=("code", "word"),
+                    help="the plain sentence's value: a 7-digit access code or a one-word password")
     ap.add_argument("--task", choices=PINNED_DEPTH_TASKS, help="trace this RULER task's prompt instead")
     ap.add_argument("--haystack", default="prose", choices=HAYSTACKS, help="the task's haystack (code: source)")
     ap.add_argument("--model", help="GGUF model (default: Gemma 3 270M)")
@@ -104,7 +107,7 @@ def main() -> int:
     model = load_model(args.model or str(default_model_path()))
     rows = []
     for seed in args.seeds:
-        tokens, value, needle = build(model, args.task, args.tokens, args.depth, seed, args.haystack)
+        tokens, value, needle = build(model, args.task, args.tokens, args.depth, seed, args.haystack, args.value)
         runs = [] if args.no_full else [("full", None, None)]
         extra = sekv_overrides(args.sekv or [])
         runs += [("sekv", b, SekvConfig(router=r, **extra)) for b in args.budgets for r in args.routers]

@@ -572,6 +572,8 @@ _CITIES = ["Lisbon", "Oslo", "Nairobi", "Lima", "Hanoi", "Tbilisi", "Quito", "Da
            "Bergen", "Tunis", "Kyoto", "Malmo", "Porto", "Sapporo", "Tallinn", "Windhoek", "Yerevan"]
 ACCESS_QUESTION = ("\n\nQuestion: What is the access code of the blue archive?\n"
                    "Answer: The access code of the blue archive is")
+PASSWORD_QUESTION = ("\n\nQuestion: What is the password of the blue archive?\n"
+                     "Answer: The password of the blue archive is")
 
 
 @dataclass(frozen=True)
@@ -618,11 +620,18 @@ def needle_prompt(count: Count, n_tokens: int, depth: float, seed: int = 0) -> N
                          cut, number, depth)
 
 
-def access_code_needle(count: Count, n_tokens: int, depth: float, seed: int = 0) -> Needle:
+def access_code_needle(count: Count, n_tokens: int, depth: float, seed: int = 0, value: str = "code") -> Needle:
     """A haystack of natural text of about ``n_tokens`` tokens (as counted by ``count(text)``), starting at a
-    character picked by ``seed``, with one plain sentence holding a 7-digit access code at the first sentence end
-    from relative ``depth`` on, and the question (``ACCESS_QUESTION``) at the end."""
-    value = str(random.Random(seed).randint(1_000_000, 9_999_999))
+    character picked by ``seed``, with one plain sentence holding a 7-digit access code (``value="code"``) or a
+    one-word password (``"word"``: an uncommon word) at the first sentence end from relative ``depth`` on, and the
+    question (``ACCESS_QUESTION``, ``PASSWORD_QUESTION``) at the end."""
+    rng = random.Random(seed)
+    if value == "code":
+        answer, sentence, question = str(rng.randint(1_000_000, 9_999_999)), "access code", ACCESS_QUESTION
+    elif value == "word":
+        answer, sentence, question = rng.choice(_WORDS), "password", PASSWORD_QUESTION
+    else:
+        raise ValueError(f"value must be 'code' or 'word', got {value!r}")
     unit = _rotated((seed * 7919) % len(_prose()), "")
-    return _plain_needle(count, n_tokens, unit, f" The access code of the blue archive is {value}.", ACCESS_QUESTION,
-                         lambda body: body.find(". ", int(depth * len(body))) + 1, value, depth)
+    return _plain_needle(count, n_tokens, unit, f" The {sentence} of the blue archive is {answer}.", question,
+                         lambda body: body.find(". ", int(depth * len(body))) + 1, answer, depth)

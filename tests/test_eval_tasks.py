@@ -227,3 +227,21 @@ def test_pinned_depth_refused_where_there_is_no_single_needle():
         make_case("variable_tracking", count, 2048, 0, depth=0.5)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         make_case("niah_number", count, 2048, 0, depth=1.5)
+
+
+@pytest.mark.parametrize("value", ["code", "word"])
+def test_the_plain_needle_sits_at_its_depth_and_is_asked_at_the_end(value):
+    """``access_code_needle``: one plain sentence (a 7-digit access code or a one-word password, drawn by the seed)
+    at the first sentence end from the depth on, its question last; the prompt fits the token budget."""
+    from sekv_gguf.ruler_tasks import ACCESS_QUESTION, PASSWORD_QUESTION, access_code_needle
+
+    for seed in (0, 1):
+        needle = access_code_needle(count, 6000, 0.7, seed, value)
+        start, end = needle.span
+        sentence = needle.prompt[start:end]
+        assert needle.answer in sentence and needle.prompt.count(needle.answer) == 1
+        assert (needle.answer.isdigit() and len(needle.answer) == 7) if value == "code" else needle.answer.isalpha()
+        assert needle.prompt.endswith(ACCESS_QUESTION if value == "code" else PASSWORD_QUESTION)
+        assert 0.68 <= start / len(needle.prompt) <= 0.75 and count(needle.prompt) <= 6000
+    with pytest.raises(ValueError, match="value must be"):
+        access_code_needle(count, 6000, 0.7, 0, "uuid")
