@@ -101,8 +101,14 @@ LLAMA="$PKG/vendor/llama.cpp"
 export PYTHONPATH="$ROOT:$PKG:$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
 export SEKV_THREADS="$(nproc)"
 
+# ggml's AMX kernels compiled out, as scripts/build_llama.sh does (they crash on quantized weights on some Xeons)
+CPU_FLAGS=""
+for f in -mno-amx-tile -mno-amx-int8 -mno-amx-bf16; do
+    echo 'int main(void){return 0;}' | "${CC:-cc}" "$f" -x c -fsyntax-only - 2>/dev/null && CPU_FLAGS="$CPU_FLAGS $f"
+done
 build() {
     cmake -S "$LLAMA" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+        "-DCMAKE_C_FLAGS=$CPU_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_FLAGS" \
         -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF \
         $CMAKE_ARGS \
