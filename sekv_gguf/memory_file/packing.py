@@ -119,7 +119,7 @@ def inflate(entry: dict[str, Any]) -> np.ndarray:
         raise ValueError(f"a deflated array states {size} bytes, more than {stream.size} stream bytes can hold")
     inflater = zlib.decompressobj()
     try:
-        raw = inflater.decompress(stream.tobytes(), size)
+        raw = inflater.decompress(stream.tobytes(), max(size, 1))   # (zlib reads a max_length of 0 as no limit)
     except zlib.error as e:
         raise ValueError(f"a deflated array's stream is damaged ({e})") from e
     if len(raw) != size or not inflater.eof or inflater.unconsumed_tail:
@@ -180,7 +180,7 @@ def pack(content: dict[str, Any], mode: str) -> None:
         store = memory.get("store") if isinstance(memory, dict) else None
         if isinstance(store, dict):
             memory["store"] = {**store, **dict.fromkeys(INDEX_FIELDS)}
-        if ARRAYS_KEY in memory:
+        if isinstance(memory, dict) and ARRAYS_KEY in memory:
             memory[ARRAYS_KEY] = {key: _deflated(x) for key, x in memory[ARRAYS_KEY].items()}
         if rows:
             device["rows"] = [[_deflated(x) for x in kv] for kv in device["rows"]]
