@@ -240,7 +240,9 @@ def test_deflated_arrays_round_trip_bit_for_bit_and_damage_is_refused():
            ({**entry, "shape": [3, 99]}, "holds more"), ({**entry, "shape": [3, 101]}, "holds less"),
            ({**entry, "shape": [1 << 40]}, "stream bytes can hold"), ({**entry, "dtype": "object"}, "type"),
            ({**entry, "shape": [-3, 100]}, "shape"), ({**entry, packing.DEFLATE_KEY: stream.view(np.int8)}, "uint8"),
-           ({**entry, "shape": [0]}, "holds more")]   # an empty array's stream may not inflate without bound
+           ({**entry, "shape": [0]}, "holds more"),
+           ({**entry, packing.DEFLATE_KEY: np.concatenate([entry[packing.DEFLATE_KEY], [0, 1]]).astype(np.uint8)},
+            "holds more")]   # an empty array's stream may not inflate without bound
     for e, problem in bad:
         with pytest.raises(ValueError, match=problem):
             packing.inflate(e)

@@ -122,8 +122,8 @@ def inflate(entry: dict[str, Any]) -> np.ndarray:
         raw = inflater.decompress(stream.tobytes(), max(size, 1))   # (zlib reads a max_length of 0 as no limit)
     except zlib.error as e:
         raise ValueError(f"a deflated array's stream is damaged ({e})") from e
-    if len(raw) != size or not inflater.eof or inflater.unconsumed_tail:
-        raise ValueError(f"a deflated array's stream holds {'more' if len(raw) == size else 'less'} than its "
+    if len(raw) != size or not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
+        raise ValueError(f"a deflated array's stream holds {'more' if len(raw) >= size else 'less'} than its "
                          f"{size} bytes")
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(item, -1)
     return np.ascontiguousarray(planes.T).view(np.dtype(dtype)).reshape(shape)
