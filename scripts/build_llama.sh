@@ -32,18 +32,8 @@ case "$VARIANT" in
     asan) BUILD_TYPE=None ;;  # its own flags below (-O1 -g1: quicker to build than -O2 -g; reports keep lines)
     *) die "unknown variant $VARIANT (release or asan)" ;;
 esac
-# ggml's AMX kernels (Intel Xeon 4th gen+: -march=native turns them on) crash on quantized weights in the first
-# decode on some of these machines (SIGSEGV in ggml_backend_amx_mul_mat: llama.cpp issue 20824, seen here with this
-# pin on a Sapphire Rapids VM, Gemma 3 Q4_K_M and stock llama-cpp-python alike), so they are compiled out; the
-# AVX-512 kernels do the work. SEKV_AMX=1 keeps them. Only flags the compiler knows are passed (x86 GCC / Clang).
-CPU_FLAGS=""
-if [ "${SEKV_AMX:-0}" != "1" ]; then
-    for f in -mno-amx-tile -mno-amx-int8 -mno-amx-bf16; do
-        if echo 'int main(void){return 0;}' | "${CC:-cc}" "$f" -x c -fsyntax-only - 2>/dev/null; then
-            CPU_FLAGS="${CPU_FLAGS:+$CPU_FLAGS }$f"
-        fi
-    done
-fi
+# shellcheck source=scripts/cpu_flags.sh
+source "$ROOT/scripts/cpu_flags.sh"   # CPU_FLAGS: ggml's AMX kernels compiled out (SEKV_AMX=1 keeps them)
 CMAKE_FLAGS=(
     -G Ninja
     "-DCMAKE_BUILD_TYPE=$BUILD_TYPE"

@@ -101,11 +101,8 @@ LLAMA="$PKG/vendor/llama.cpp"
 export PYTHONPATH="$ROOT:$PKG:$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
 export SEKV_THREADS="$(nproc)"
 
-# ggml's AMX kernels compiled out, as scripts/build_llama.sh does (they crash on quantized weights on some Xeons)
-CPU_FLAGS=""
-for f in -mno-amx-tile -mno-amx-int8 -mno-amx-bf16; do
-    echo 'int main(void){return 0;}' | "${CC:-cc}" "$f" -x c -fsyntax-only - 2>/dev/null && CPU_FLAGS="$CPU_FLAGS $f"
-done
+# shellcheck source=scripts/cpu_flags.sh
+source scripts/cpu_flags.sh   # CPU_FLAGS: ggml's AMX kernels compiled out, as build_llama.sh does
 build() {
     cmake -S "$LLAMA" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
         "-DCMAKE_C_FLAGS=$CPU_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_FLAGS" \

@@ -267,10 +267,11 @@ class SpanStore:
             raise ValueError(f"a saved span store must hold factors for {self.n_layer} layers")
         self.lengths = np.asarray(data["lengths"], dtype=np.float32)
         rebuild = any(data.get(name) is None for name in INDEX_FIELDS)  # left out: computed from the host K rows
-        for name in ("block_logn", *self._STACKED):
+        if not rebuild:
+            self.block_logn = np.asarray(data["block_logn"], dtype=np.float32)
+        for name in self._STACKED:
             if not (rebuild and name in INDEX_FIELDS):
-                value = data[name]
-                setattr(self, name, np.asarray(value, dtype=np.float32) if name == "block_logn" else list(value))
+                setattr(self, name, list(data[name]))
         self.tables = [native.SpanTable(self.n_head_kv, self.head_dim) for _ in range(self.n_layer)]
         for ikv, table in enumerate(self.tables):
             for sp in self.spans:

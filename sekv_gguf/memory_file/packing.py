@@ -163,27 +163,21 @@ def pack(content: dict[str, Any], mode: str) -> None:
                 key = Q3_KEY if three and field == "q4" else f"{field}.{x.dtype.name}"
                 groups.setdefault(key, []).append(x.reshape(-1))
                 f[f"shape_{field}"], f[field] = [int(n) for n in x.shape], key    # the shape in the layout
+    compact = mode in COMPACT_MODES
     if groups:
         flat = {key: np.concatenate(parts) for key, parts in groups.items()}
         if Q3_KEY in flat:
             flat[Q3_KEY], flat[Q3_COUNT] = pack_codes(flat[Q3_KEY]), int(flat[Q3_KEY].size)
-        memory[ARRAYS_KEY] = flat
+        memory[ARRAYS_KEY] = {key: _deflated(x) for key, x in flat.items()} if compact else flat
+    if compact and isinstance(memory, dict) and isinstance(memory.get("store"), dict):
+        memory["store"] = {**memory["store"], **dict.fromkeys(INDEX_FIELDS)}
     device = content["device"]
     rows = device.get("rows") if isinstance(device, dict) else None
-    whole_blocks = rows and all(x.dtype == np.float16 and x.ndim == 3 and x.shape[2] % Q8_0_BLOCK == 0
-                                for kv in rows for x in kv)
-    if mode in COMPACT_MODES and whole_blocks:
-        device["rows"] = [[kv_codec.encode(x.astype(np.float32), Q8_0, x.shape[1], x.shape[2]) for x in kv]
-                          for kv in rows]
-        device[DEVICE_KEY] = "q8_0"
-    if mode in COMPACT_MODES:
-        store = memory.get("store") if isinstance(memory, dict) else None
-        if isinstance(store, dict):
-            memory["store"] = {**store, **dict.fromkeys(INDEX_FIELDS)}
-        if isinstance(memory, dict) and ARRAYS_KEY in memory:
-            memory[ARRAYS_KEY] = {key: _deflated(x) for key, x in memory[ARRAYS_KEY].items()}
-        if rows:
-            device["rows"] = [[_deflated(x) for x in kv] for kv in device["rows"]]
+    if compact and rows:
+        if all(x.dtype == np.float16 and x.ndim == 3 and x.shape[2] % Q8_0_BLOCK == 0 for kv in rows for x in kv):
+            rows = [[kv_codec.encode(x.astype(np.float32), Q8_0, x.shape[1], x.shape[2]) for x in kv] for kv in rows]
+            device[DEVICE_KEY] = "q8_0"
+        device["rows"] = [[_deflated(x) for x in kv] for kv in rows]
 
 
 def unpack(content: dict[str, Any]) -> dict[str, Any]:
