@@ -6,6 +6,10 @@ answer generated. If exact needle rows alone bring the answer back, the needle's
 the most deviant spans); if only exact other rows do, the rows after it carry the error (route every chunk).
 
     .venv/bin/python scripts/prefill_oracle.py --task niah_word --tokens 28000 --depth 0.1 --seed 0
+
+Tasks with several inserted texts (variable tracking's chain, multi-key needles) count every inserted text as the
+needle; ``--model`` takes any GGUF (default: the embedded Gemma 3 270M), ``--sekv KEY=VALUE`` overrides the memory's
+configuration (e.g. ``step_routing=layer`` for a chain followed hop by hop while generating).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from sekv_gguf.models import default_model_path
 from sekv_gguf.policies.prefill import exact_pass, refresh_tail
 from sekv_gguf.policies.snapshot import DeviceState
 from sekv_gguf.provenance import envelope
-from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, answer_span, make_case, token_range
+from sekv_gguf.cli.flags import sekv_overrides
+from sekv_gguf.eval.tasks import score
+from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, TASKS, make_case, token_range
 from sekv_gguf.session import load_model
 from sekv_gguf.span_store import SpanStore
 from sekv_gguf.transfer import copy_swa_state
@@ -36,9 +42,9 @@ VARIANTS = {"2x2": [(False, False, False, False), (False, True, True, True), (Tr
             "resident": [(False, False, True, False), (False, False, False, True), (False, False, True, True)]}
 
 
-def variant(model, streamed, full, tokens: list[int], needle: tuple[int, int], cfg: SekvConfig, budget: BudgetConfig,
-            ctx: ContextConfig, queries: list[np.ndarray], needle_exact: bool, spans_exact: bool, resident_exact: bool,
-            swa_exact: bool, n_predict: int) -> dict:
+def variant(model, streamed, full, tokens: list[int], needle: list[tuple[int, int]], cfg: SekvConfig,
+            budget: BudgetConfig, ctx: ContextConfig, queries: list[np.ndarray], needle_exact: bool,
+            spans_exact: bool, resident_exact: bool, swa_exact: bool, n_predict: int) -> dict:
     """The streamed memory with the chosen rows taken from the full pass (the needle's, the other spans', the
     resident tokens' and the sliding-window cache's); its answer."""
     policy = make_policy("sekv", model, len(tokens) + n_predict, ctx, budget, cfg)
@@ -48,7 +54,7 @@ def variant(model, streamed, full, tokens: list[int], needle: tuple[int, int], c
         mem.load_plain(streamed.memory.to_plain())
         policy.tokens = list(streamed.tokens)
         hook, full_cells = policy.session.hook, full.hook.cells_of(len(tokens))
-        in_needle = lambda pos: bool(np.any((pos >= needle[0]) & (pos < needle[1])))  # noqa: E731
+        in_needle = lambda pos: any(bool(np.any((pos >= a) & (pos < b))) for a, b in needle)  # noqa: E731
         old = mem.store
         spans = list(old.spans)
         exact = [needle_exact if in_needle(s.positions) else spans_exact for s in spans]
@@ -102,9 +108,11 @@ def variant(model, streamed, full, tokens: list[int], needle: tuple[int, int], c
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--task", default="niah_word", choices=PINNED_DEPTH_TASKS)
+    ap.add_argument("--task", default="niah_word", choices=list(TASKS))
+    ap.add_argument("--model", default=None, help="a GGUF model (default: the embedded Gemma 3 270M)")
+    ap.add_argument("--sekv", action="append", default=[], metavar="KEY=VALUE", help="a SekvConfig override")
     ap.add_argument("--tokens", type=int, default=28000)
-    ap.add_argument("--depth", type=float, default=0.1)
+    ap.add_argument("--depth", type=float, default=0.1, help="the needle's depth (tasks with one needle to pin)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=2)
@@ -113,14 +121,17 @@ def main() -> int:
                     help="2x2: needle x rest (and the rest split); resident: the resident rows and the SWA cache apart")
     ap.add_argument("--out", default="bench/prefill-oracle-28k.json")
     args = ap.parse_args()
-    model = load_model(str(default_model_path()))
+    model = load_model(args.model or str(default_model_path()))
     count = lambda s: len(model.tokenize(s.encode(), add_bos=True, special=False))  # noqa: E731
-    case = make_case(args.task, count, args.tokens, args.seed, "prose", args.depth)
+    case = make_case(args.task, count, args.tokens, args.seed, "prose",
+                     args.depth if args.task in PINNED_DEPTH_TASKS else None)
     value = case.answers[0]
     tokens = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
-    needle = token_range(count, case.prompt, answer_span(case, value))
+    start = case.meta["context"][0]  # every inserted text is the needle (a chain's every link)
+    needle = [token_range(count, case.prompt, (start + x["offset"], start + x["offset"] + len(x["text"])))
+              for x in case.meta["inserted"]]
     ctx, budget = ContextConfig(n_threads=args.threads), BudgetConfig(kv_budget=args.budget)
-    cfg = SekvConfig(prefill="streaming", energy=1.0, host_format="f16")
+    cfg = SekvConfig(**{**sekv_overrides(args.sekv), "prefill": "streaming", "energy": 1.0, "host_format": "f16"})
     streamed = make_policy("sekv", model, len(tokens) + args.n_predict, ctx, budget, cfg)
     rows = []
     try:
@@ -131,14 +142,16 @@ def main() -> int:
             for flags in VARIANTS[args.variants]:
                 row = variant(model, streamed, full.session, tokens, needle, cfg, budget, ctx, queries, *flags,
                               args.n_predict)
-                row["found"] = value.lower() in row["text"].lower()
+                row["score"] = score(case, row["text"])
+                row["found"] = row["score"] > 0
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         finally:
             full.close()
     finally:
         streamed.close()
-    doc = {**envelope(), "params": vars(args), "value": value, "needle_tokens": list(needle),
+    doc = {**envelope(), "params": vars(args), "value": value, "answers": list(case.answers),
+           "needle_tokens": [list(r) for r in needle],
            "prompt_tokens": len(tokens), "rows": rows}
     Path(args.out).with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, Path(args.out).with_suffix(".png"))

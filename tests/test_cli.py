@@ -135,3 +135,16 @@ def test_run_n_minus_one_refuses_a_prompt_over_the_context(tmp_path):
     r = _run("run", str(model), "-p", prose(3000), "-n", "-1")
     assert r.returncode == 1 and r.stdout == ""
     assert "exceeds the model's training context of 300" in r.stderr
+
+
+def test_run_step_routing_flags(tiny_llama):
+    """``--step-routing`` and ``--route-every`` (a chain followed hop by hop while generating: docs/results.md) are
+    run's flags with SekvConfig's defaults, and a bad value is refused by SekvConfig's own message."""
+    from sekv_gguf.cli.parser import build_parser
+
+    args = build_parser().parse_args(["run", "--step-routing", "layer", "--route-every", "1"])
+    assert (args.step_routing, args.route_every) == ("layer", 1)
+    defaults = build_parser().parse_args(["run"])
+    assert (defaults.step_routing, defaults.route_every) == ("lagged", 4)
+    r = _run("run", str(tiny_llama), "-p", "x", "-n", "2", "--route-every", "0")
+    assert r.returncode != 0 and "route_every and max_new_zooms must be >= 1" in r.stderr and r.stdout == ""

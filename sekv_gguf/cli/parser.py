@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "fraction)")
     option(run, SekvConfig, "prefill")
     option(run, SekvConfig, "chunk_routing")
+    option(run, SekvConfig, "step_routing")
+    option(run, SekvConfig, "route_every")
     option(run, SekvConfig, "signal")
     option(run, SekvConfig, "host_format")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")
