@@ -20,15 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
+from sekv_gguf.cli.flags import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.decode import decode_loop, greedy
 from sekv_gguf.engine import make_policy
+from sekv_gguf.eval.tasks import score
 from sekv_gguf.models import default_model_path
 from sekv_gguf.policies.prefill import exact_pass, refresh_tail
 from sekv_gguf.policies.snapshot import DeviceState
 from sekv_gguf.provenance import envelope
-from sekv_gguf.cli.flags import sekv_overrides
-from sekv_gguf.eval.tasks import score
 from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, TASKS, make_case, token_range
 from sekv_gguf.session import load_model
 from sekv_gguf.span_store import SpanStore

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from helpers import prose
+from sekv_gguf.cli.parser import build_parser
 from sekv_gguf.config import round_cells
 from sekv_gguf.tiny_models import TinySpec, write_tiny_llama
 
@@ -140,8 +141,6 @@ def test_run_n_minus_one_refuses_a_prompt_over_the_context(tmp_path):
 def test_run_step_routing_flags(tiny_llama):
     """``--step-routing`` and ``--route-every`` (a chain followed hop by hop while generating: docs/results.md) are
     run's flags with SekvConfig's defaults, and a bad value is refused by SekvConfig's own message."""
-    from sekv_gguf.cli.parser import build_parser
-
     args = build_parser().parse_args(["run", "--step-routing", "layer", "--route-every", "1"])
     assert (args.step_routing, args.route_every) == ("layer", 1)
     defaults = build_parser().parse_args(["run"])
