@@ -138,12 +138,21 @@ def test_run_n_minus_one_refuses_a_prompt_over_the_context(tmp_path):
     assert "exceeds the model's training context of 300" in r.stderr
 
 
-def test_run_step_routing_flags(tiny_llama):
+def test_run_step_routing_flags(tmp_path, tiny_llama):
     """``--step-routing`` and ``--route-every`` (a chain followed hop by hop while generating: docs/results.md) are
-    run's flags with SekvConfig's defaults, and a bad value is refused by SekvConfig's own message."""
+    run's flags with SekvConfig's defaults; they reach the policy (``--json`` counts the steps routed inside their
+    decode) and a bad value is refused by SekvConfig's own message."""
     args = build_parser().parse_args(["run", "--step-routing", "layer", "--route-every", "1"])
     assert (args.step_routing, args.route_every) == ("layer", 1)
     defaults = build_parser().parse_args(["run"])
     assert (defaults.step_routing, defaults.route_every) == ("lagged", 4)
+    doc = tmp_path / "doc.txt"
+    doc.write_text(prose(3000, offset=100))
+    routed = {}
+    for flags in ([], ["--step-routing", "layer", "--route-every", "1"]):
+        r = _run("run", str(tiny_llama), "-f", str(doc), "-n", "9", "--kv-budget", "768", "--json", *flags)
+        assert r.returncode == 0, r.stderr
+        routed[bool(flags)] = json.loads(r.stdout)["sekv"]["layer_routed_steps"]
+    assert routed[False] == 0 and routed[True] >= 8  # every step after the first, inside its own decode
     r = _run("run", str(tiny_llama), "-p", "x", "-n", "2", "--route-every", "0")
     assert r.returncode != 0 and "route_every and max_new_zooms must be >= 1" in r.stderr and r.stdout == ""
