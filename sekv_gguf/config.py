@@ -323,8 +323,9 @@ class SekvConfig:
             raise ValueError(f"refresh_tokens must be >= 1, got {self.refresh_tokens}")
         if self.turn_tokens < 0:
             raise ValueError(f"turn_tokens must be >= 0, got {self.turn_tokens}")
-        if self.route_every < 1 or self.max_new_zooms < 1:
-            raise ValueError(f"route_every and max_new_zooms must be >= 1, got {self.route_every}, {self.max_new_zooms}")
+        for name in ("route_every", "max_new_zooms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.energy_v is not None and not 0 < self.energy_v <= 1:
             raise ValueError(f"energy_v must be in (0, 1], got {self.energy_v}")
         if self.turn_routing not in ("layer", "refresh"):

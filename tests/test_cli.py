@@ -155,4 +155,4 @@ def test_run_step_routing_flags(tmp_path, tiny_llama):
         routed[bool(flags)] = json.loads(r.stdout)["sekv"]["layer_routed_steps"]
     assert routed[False] == 0 and routed[True] >= 8  # every step after the first, inside its own decode
     r = _run("run", str(tiny_llama), "-p", "x", "-n", "2", "--route-every", "0")
-    assert r.returncode != 0 and "route_every and max_new_zooms must be >= 1" in r.stderr and r.stdout == ""
+    assert r.returncode != 0 and "route_every must be >= 1, got 0" in r.stderr and r.stdout == ""
