@@ -29,7 +29,7 @@ from sekv_gguf.models import default_model_path
 from sekv_gguf.policies.prefill import exact_pass, refresh_tail
 from sekv_gguf.policies.snapshot import DeviceState
 from sekv_gguf.provenance import envelope
-from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, TASKS, make_case, token_range
+from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, TASKS, inserted_spans, make_case, token_range
 from sekv_gguf.session import load_model
 from sekv_gguf.span_store import SpanStore
 from sekv_gguf.transfer import copy_swa_state
@@ -127,9 +127,8 @@ def main() -> int:
                      args.depth if args.task in PINNED_DEPTH_TASKS else None)
     value = case.answers[0]
     tokens = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
-    start = case.meta["context"][0]  # every inserted text is the needle (a chain's every link)
-    needle = [token_range(count, case.prompt, (start + x["offset"], start + x["offset"] + len(x["text"])))
-              for x in case.meta["inserted"]]
+    # every inserted text is the needle (a chain's every link)
+    needle = [token_range(count, case.prompt, span) for span in inserted_spans(case)]
     ctx, budget = ContextConfig(n_threads=args.threads), BudgetConfig(kv_budget=args.budget)
     cfg = SekvConfig(**{**sekv_overrides(args.sekv), "prefill": "streaming", "energy": 1.0, "host_format": "f16"})
     streamed = make_policy("sekv", model, len(tokens) + args.n_predict, ctx, budget, cfg)

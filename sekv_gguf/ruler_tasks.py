@@ -22,7 +22,8 @@ boundaries in the prose are a few hundred characters apart at most, so a fact si
 context, the offset of its fact within it, its depth and whether it holds an answer), ``prompt_tokens`` and
 ``max_new_tokens`` (the answers' token count plus a margin: a UUID alone is ~37 Gemma tokens, four 7-digit numbers
 ~37). For ``arithmetic`` (``stop``), score the first line of the output: later lines invent more problems.
-``answer_span`` finds the inserted text that holds an answer in the prompt, ``token_range`` its tokens.
+``answer_span`` finds the inserted text that holds an answer in the prompt (``inserted_spans``: every inserted
+text), ``token_range`` its tokens.
 
 Two plain needles outside the task list, sized by the same ``fit_size``: ``needle_prompt`` (a "special magic number
 for <city>" sentence in the prose, the engine and RPC benchmarks' and a Gemma test's prompt) and
@@ -552,13 +553,19 @@ def make_case(task: str, count: Count, n_tokens: int, seed: int, haystack: str =
 
 
 
+def inserted_spans(case: Case) -> list[tuple[int, int]]:
+    """The character spans, in ``case.prompt``, of every text inserted into the haystack (needles, a chain's links,
+    distractors), in insertion order."""
+    start = case.meta["context"][0]
+    return [(start + x["offset"], start + x["offset"] + len(x["text"])) for x in case.meta["inserted"]]
+
+
 def answer_span(case: Case, answer: str) -> tuple[int, int]:
     """The character span, in ``case.prompt``, of the inserted text that holds ``answer`` (a retrieval task's
     needle sentence)."""
-    start = case.meta["context"][0]
-    for x in case.meta["inserted"]:
+    for x, span in zip(case.meta["inserted"], inserted_spans(case)):
         if answer in x["text"]:
-            return start + x["offset"], start + x["offset"] + len(x["text"])
+            return span
     raise ValueError(f"no inserted text of this {case.task} case holds {answer!r}")
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from sekv_gguf.eval import TASKS, Case, make_case, score
 from sekv_gguf.eval.tasks import HAYSTACKS
+from sekv_gguf.ruler_tasks import inserted_spans
 
 COUNTS = {
     "chars/4": lambda text: len(text) // 4,
@@ -88,6 +89,8 @@ def test_facts_in_context_at_their_depth(task, haystack):
             assert abs((item["offset"] + item["anchor"]) / len(ctx) - item["depth"]) <= 0.05
         first = next((item for item in case.meta["inserted"] if item["answer"]), None)
         assert math.isnan(case.depth) if first is None else case.depth == first["depth"]
+        # the prompt's spans of the inserted texts, one each, in order
+        assert [case.prompt[a:b] for a, b in inserted_spans(case)] == [i["text"] for i in case.meta["inserted"]]
 
 
 @pytest.mark.parametrize("haystack", HAYSTACKS)
