@@ -15,7 +15,7 @@ from ..decode import decode_loop, greedy
 from ..engine import generate, make_policy
 from ..errors import SekvError
 from ..policies import POLICIES
-from ..policies.prefill import ExactPasses
+from ..policies.shared_passes import SharedPasses
 from .corpora import CORPORA
 from .fidelity import KL_TAIL, forced_logits, teacher_forced
 from .tasks import HAYSTACKS, OWN_CONTEXT_TASKS, PINNED_DEPTH_TASKS, TASKS, make_case, score
@@ -52,7 +52,7 @@ class EvalConfig:
     depths: tuple[float, ...] = ()
     sekv: dict[str, Any] = field(default_factory=dict)  # SekvConfig overrides
     sekv_variants: tuple[dict[str, Any], ...] = ()  # more sekv runs, each with these overrides on top of ``sekv``
-    # (named by them, e.g. sekv-mass); exact prefills of one prompt share one full-attention pass (ExactPasses)
+    # (named by them, e.g. sekv-mass); the runs of one prompt share its full-attention passes (SharedPasses)
     adapter: str | None = None  # trained router adapter for sekv (its runs are named "sekv-trained")
     fidelity_stride: int = 7919 * 13  # characters between the fidelity documents' starts in the prose (a prime
     # multiple, so that documents of one run start at unrelated places)
@@ -128,14 +128,14 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
     cases: list[dict[str, Any]] = []
     fidelity: list[dict[str, Any]] = []
 
-    passes = ExactPasses()  # one full-attention pass per prompt for every exact sekv prefill of it
+    # one full-attention pass per prompt for every exact sekv prefill of it, one for SnapKV and ChunkKV's votes
+    passes = SharedPasses()
 
     def make(name: str, budget: float | int | None, n_context: int, overrides: dict[str, Any] | None = None):
         policy = make_policy(name, model, n_context, ctx_config, BudgetConfig(kv_budget=budget or 1.0),
                              SekvConfig(**(overrides or {})) if name == "sekv" else None,
                              router=router if name == "sekv" else None)
-        if name == "sekv":
-            policy.exact_passes = passes
+        policy.shared_passes = passes
         return policy
 
     def label(name: str, overrides: dict[str, Any] | None = None) -> str:
@@ -180,8 +180,8 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                                 r = generate(policy, tokens, n_predict)
                             finally:
                                 policy.close()
-                            # a prefill that compressed another run's full-attention pass: its prefill_s is not
-                            # what the prefill costs alone
+                            # a prefill that took another run's full-attention pass: its prefill_s is not what
+                            # the prefill costs alone
                             row["shared_prefill"] = passes.reused > reused
                             # a task may end its answer at a stop string (arithmetic: the first line)
                             answer = r.text.split(case.meta["stop"])[0] if case.meta.get("stop") else r.text

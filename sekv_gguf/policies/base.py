@@ -23,6 +23,7 @@ from ..errors import HookStateError
 from ..session import Session
 from ..stats import PolicyStats
 from .memory_state import PolicyMemory
+from .shared_passes import SharedPasses
 from .snapshot import DeviceState, Snapshot
 
 
@@ -60,6 +61,8 @@ class Policy(ABC):
         self.tokens: list[int] = []  # every token of the memory, in position order
         # called once before the memory next changes in a way ``truncate`` cannot undo (a checkpoint is due)
         self.before_irreversible: Callable[[], None] | None = None
+        # full-attention passes over a prompt shared with other runs on it (an evaluation's); a reset keeps it
+        self.shared_passes: SharedPasses | None = None
 
     def _init_done(self) -> None:
         """Called at the end of a constructor: the empty memory that ``reset`` returns to."""

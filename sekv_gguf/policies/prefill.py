@@ -1,6 +1,6 @@
 """Two steps of SeKV's prefill, over a ``SekvMemory`` (called from ``SekvPolicy``): the exact prefill (full attention
-over the whole prompt in a temporary full-size context — an ``ExactPass``, which ``ExactPasses`` lets several
-policies share — then segmentation and compression into the budget context: sinks, anchors and the window copied
+over the whole prompt in a temporary full-size context — an ``ExactPass``, which ``SharedPasses`` lets several
+runs share — then segmentation and compression into the budget context: sinks, anchors and the window copied
 over, spans into the store) and the refresh of the prompt's tail after the first routing."""
 
 from __future__ import annotations
@@ -16,25 +16,18 @@ from ..session import Session, full_kv_bytes
 from ..transfer import copy_tokens
 from .prompt_cut import cut_prompt
 from .sekv_memory import SekvMemory
+from .shared_passes import FullPass
 from .span_routing import SpanRouting
 
 
 @dataclass
-class ExactPass:
-    """A prompt decoded with full attention in a temporary full-size context: what an exact prefill segments and
-    compresses. Read only after it is made (compressions into several budgets may share it: ``ExactPasses``)."""
+class ExactPass(FullPass):
+    """What an exact prefill segments and compresses (compressions into several budgets may share it:
+    ``SharedPasses``); ``key``: ``exact_key``."""
 
-    key: tuple[Any, ...]      # (tokens, batch, context config): what it was made for
-    session: Session          # the full-size context, every prompt token resident
     surprisal: np.ndarray     # f32 [n_tokens]
     last_logits: np.ndarray   # f32 [n_vocab] the next token's logits
     queries: list[np.ndarray]  # per hooked layer [n_head, head_dim]: the last token's captured query
-    closed: bool = False
-
-    def close(self) -> None:
-        if not self.closed:
-            self.session.close()
-            self.closed = True
 
 
 def exact_pass(model: Any, ctx_config: Any, chunk: int, tokens: list[int],
@@ -56,36 +49,12 @@ def exact_pass(model: Any, ctx_config: Any, chunk: int, tokens: list[int],
     except BaseException:
         full.close()
         raise
-    return ExactPass(_key(tokens, chunk, ctx_config), full, surp, prev, queries)
+    return ExactPass(exact_key(tokens, chunk, ctx_config), full, surp, prev, queries)
 
 
-def _key(tokens: list[int], chunk: int, ctx_config: Any) -> tuple[Any, ...]:
-    return (tuple(tokens), chunk, ctx_config)
-
-
-class ExactPasses:
-    """Keeps the last prompt's ``ExactPass`` so that exact prefills of the same prompt into other budgets or with
-    other routers (an evaluation's runs) compress one full-attention pass instead of each decoding the prompt
-    again; a new prompt closes the old pass. What each policy then does is what it does alone (tested)."""
-
-    def __init__(self) -> None:
-        self.last: ExactPass | None = None
-        self.reused = 0  # passes handed out again
-
-    def get(self, model: Any, ctx_config: Any, chunk: int, tokens: list[int],
-            on_chunk: Callable[[int], None] | None = None) -> ExactPass:
-        key = _key(tokens, chunk, ctx_config)
-        if self.last is not None and self.last.key == key and self.last.session.model is model:
-            self.reused += 1
-            return self.last
-        self.close()
-        self.last = exact_pass(model, ctx_config, chunk, tokens, on_chunk)
-        return self.last
-
-    def close(self) -> None:
-        if self.last is not None:
-            self.last.close()
-            self.last = None
+def exact_key(tokens: list[int], chunk: int, ctx_config: Any) -> tuple[Any, ...]:
+    """What an ``ExactPass`` is made from (``SharedPasses``' key)."""
+    return ("exact", tuple(tokens), chunk, ctx_config)
 
 
 def wants_exact(memory: SekvMemory, tokens: list[int]) -> bool:

@@ -34,7 +34,7 @@ from ..span_store import SpanStore
 from ..stats import PolicyStats
 from .base import Policy
 from .budget import BudgetPlan
-from .prefill import ExactPasses, chunk_starts, exact_pass, prefill_exact, refresh_tail, wants_exact
+from .prefill import chunk_starts, exact_key, exact_pass, prefill_exact, refresh_tail, wants_exact
 from .rollback import truncate
 from .sekv_memory import SekvMemory
 from .span_routing import SpanRouting
@@ -60,7 +60,6 @@ class SekvPolicy(Policy):
         router = router or training_free(config)
         self.plan = plan = BudgetPlan.of(budget or BudgetConfig(), n_context, config.zoom_share, config.anchor_share,
                                          config.compress_when_fits)
-        self.exact_passes: ExactPasses | None = None  # full-attention passes shared with other policies (eval)
         if not plan.fits:
             max_spans = -(-max(n_context - plan.config.n_sink - plan.window, 0) // config.span_min)
             plan.check({"sinks": plan.config.n_sink, "anchors": plan.anchor_cap,
@@ -155,7 +154,7 @@ class SekvPolicy(Policy):
         return logits
 
     def _prefill_exact(self, tokens: list[int]) -> np.ndarray:
-        """Full attention over ``tokens`` in a temporary full-size context (from ``exact_passes`` when it holds one
+        """Full attention over ``tokens`` in a temporary full-size context (from ``shared_passes`` when it holds one
         for this prompt), compressed into the memory (``prefill.prefill_exact``)."""
 
         def on_chunk(n_done: int) -> None:
@@ -166,9 +165,9 @@ class SekvPolicy(Policy):
             self.n_prefilled, self.phase = len(tokens), "compress"
             self.notify()
 
-        chunk, shared = self.plan.config.chunk, self.exact_passes
-        done = (shared.get(self.model, self.ctx_config, chunk, tokens, on_chunk) if shared is not None
-                else exact_pass(self.model, self.ctx_config, chunk, tokens, on_chunk))
+        chunk, shared = self.plan.config.chunk, self.shared_passes
+        make = lambda: exact_pass(self.model, self.ctx_config, chunk, tokens, on_chunk)  # noqa: E731
+        done = make() if shared is None else shared.get(exact_key(tokens, chunk, self.ctx_config), self.model, make)
         logits = prefill_exact(self.memory, self.routing, done, tokens, owned=shared is None, on_compress=on_compress)
         self.notify()
         return logits
