@@ -11,7 +11,26 @@ from sekv_gguf.cli import main
 from sekv_gguf.engine import make_policy
 from sekv_gguf.eval.fidelity import forced_logits, kl, teacher_forced
 from sekv_gguf.eval.report import table, write
-from sekv_gguf.eval.suite import EvalConfig, run_suite
+from sekv_gguf.eval.suite import EvalConfig, run_suite, summarize
+
+
+def test_paired_differences_match_cases_and_carry_their_standard_error():
+    """sekv against full KV and each baseline at its budget, over the prompts both ran; a failed run (score None)
+    and a prompt only one side ran are left out; the standard error is the differences' (ddof 1) / sqrt(n)."""
+    def row(policy, budget, seed, score, task="niah_number"):
+        return {"policy": policy, "budget": budget, "task": task, "haystack": "prose", "length": 1024, "seed": seed,
+                "depth": None, "score": score}
+
+    cases = [row("full", None, s, 1.0) for s in range(4)]
+    cases += [row("sekv", 0.1, s, x) for s, x in enumerate([1.0, 0.0, 1.0, 1.0])]
+    cases += [row("snapkv", 0.1, s, x) for s, x in enumerate([0.0, 0.0, 1.0, None])]
+    cases += [row("snapkv", 0.2, 0, 1.0), row("sekv", 0.1, 9, 1.0, task="arithmetic")]
+    paired = summarize(cases, [])["paired"]
+    assert set(paired) == {"sekv@0.1"} and set(paired["sekv@0.1"]) == {"full", "snapkv@0.1"}
+    assert paired["sekv@0.1"]["full"] == pytest.approx({"diff": -0.25, "se": 0.25, "n": 4})
+    d = np.array([1.0, 0.0, 0.0])  # seeds 0-2: the seed-3 SnapKV run failed
+    assert paired["sekv@0.1"]["snapkv@0.1"] == pytest.approx({"diff": d.mean(), "se": d.std(ddof=1) / np.sqrt(3),
+                                                             "n": 3})
 
 
 def test_kl_is_zero_for_equal_and_positive_for_different():
@@ -77,7 +96,7 @@ def test_suite_runs_every_policy_and_writes_json_and_plot(llama_model, tmp_path)
     doc = json.loads(path.read_text())
     assert doc["params"]["tasks"] == ["niah_number", "arithmetic"] and doc["commit"] and doc["machine"]["cpus"]
     assert path.with_suffix(".png").stat().st_size > 1000
-    assert "| sekv@0.5 |" in table(doc)
+    assert "| sekv@0.5 |" in table(doc) and "| sekv@0.5 | snapkv@0.5 |" in table(doc)  # the paired rows too
     # more policies added to the same file: the old runs stay, the summary covers both
     more = run_suite(llama_model, EvalConfig(policies=("chunkkv",), budgets=(0.5,), tasks=("niah_number", "arithmetic"),
                                              lengths=(1024,), haystacks=("prose",), n_predict=4, fidelity_docs=0),

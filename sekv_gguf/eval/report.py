@@ -115,4 +115,9 @@ def table(doc: dict[str, Any]) -> str:
         top1 = f"{f['top1_agreement']:.2f}" if f else "—"
         lines.append(f"| {k} | " + " | ".join(f"{row.get(t, float('nan')):.2f}" for t in tasks)
                      + f" | {row['all']:.2f} | {kl} | {med} | {p99} | {top1} |")
+    paired = doc["summary"].get("paired", {})  # absent from files written before it
+    if paired:
+        lines += ["", "| sekv run | against | score difference ± s.e. | cases |", "|---|---|---|---|"]
+        lines += [f"| {k} | {o} | {d['diff']:+.2f} ± {d['se']:.2f} | {d['n']} |"
+                  for k, against in paired.items() for o, d in against.items()]
     return "\n".join(lines)

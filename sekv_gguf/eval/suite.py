@@ -269,7 +269,7 @@ def summarize(cases: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> di
     acc: dict[str, dict[str, list[float]]] = {}
     for r in cases:
         acc.setdefault(key(r), {}).setdefault(r["task"], []).append(0.0 if r["score"] is None else r["score"])
-    out: dict[str, Any] = {"accuracy": {}, "fidelity": {}}
+    out: dict[str, Any] = {"accuracy": {}, "fidelity": {}, "paired": _paired(cases, key)}
     for k, per_task in acc.items():
         out["accuracy"][k] = {t: float(np.mean(v)) for t, v in per_task.items()}
         out["accuracy"][k]["all"] = float(np.mean([x for v in per_task.values() for x in v]))
@@ -280,6 +280,29 @@ def summarize(cases: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> di
     out["fidelity_by_corpus"] = {c: {k: _pooled(rows) for k, rows in per.items()} for c, per in fid.items()}
     # the first corpus run (prose unless left out) keeps the place earlier reports read
     out["fidelity"] = next(iter(out["fidelity_by_corpus"].values()), {})
+    return out
+
+
+def _paired(cases: list[dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> dict[str, dict[str, Any]]:
+    """Per sekv run (``key``: policy@budget) against full KV and every other policy at its budget: the mean score
+    difference over the cases both ran (the same prompt: task, haystack, length, seed, depth), its standard error
+    (the differences' sample standard deviation / sqrt(n); 0 with one case) and n — whether a difference exceeds
+    its standard error is what a grid can claim."""
+    scores: dict[str, dict[tuple[Any, ...], float]] = {}
+    for r in cases:
+        if r["score"] is not None:
+            prompt = (r["task"], r["haystack"], r["length"], r["seed"], r["depth"])
+            scores.setdefault(key(r), {})[prompt] = r["score"]
+    out: dict[str, dict[str, Any]] = {}
+    for k in (k for k in scores if k.startswith("sekv")):
+        budget = k.partition("@")[2]
+        for other in (o for o in scores if not o.startswith("sekv") and (o == "full" or o.partition("@")[2] == budget)):
+            both = sorted(set(scores[k]) & set(scores[other]), key=repr)
+            if not both:
+                continue
+            d = np.array([scores[k][c] - scores[other][c] for c in both])  # [n]
+            se = float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else 0.0
+            out.setdefault(k, {})[other] = {"diff": float(d.mean()), "se": se, "n": int(d.size)}
     return out
 
 
