@@ -34,6 +34,7 @@ from sekv_gguf import native
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig, round_cells
 from sekv_gguf.decode import decode_loop
 from sekv_gguf.eval import make_case
+from sekv_gguf.ruler_tasks import inserted_spans, token_range
 from sekv_gguf.models import default_model_path
 from sekv_gguf.policies.budget import BudgetPlan
 from sekv_gguf.policies.prompt_cut import cut_prompt
@@ -83,14 +84,9 @@ def study(model, case, tokens: list[int], args, adapter_router: Router | None) -
     finally:
         session.close()
     # the needle sentences' tokens -> the spans that hold them
-    c0 = case.meta["context"][0]
-    needle_pos = []
-    for ins in case.meta["inserted"]:
-        if ins["answer"]:
-            a = len(model.tokenize(case.prompt[:c0 + ins["offset"]].encode(), add_bos=True, special=False))
-            b = len(model.tokenize(case.prompt[:c0 + ins["offset"] + len(ins["text"])].encode(), add_bos=True,
-                                   special=False))
-            needle_pos.append(np.arange(a - 1, b + 1))
+    count = lambda text: len(model.tokenize(text.encode(), add_bos=True, special=False))  # noqa: E731
+    needle_pos = [np.arange(*token_range(count, case.prompt, span))
+                  for ins, span in zip(case.meta["inserted"], inserted_spans(case)) if ins["answer"]]
     needle_pos = np.concatenate(needle_pos) if needle_pos else np.zeros(0, dtype=np.int64)
     needle = np.array([np.isin(s.positions, needle_pos).any() for s in store.spans])  # [S]
     S = len(store)
