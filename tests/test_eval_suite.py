@@ -11,7 +11,8 @@ from sekv_gguf.cli import main
 from sekv_gguf.engine import make_policy
 from sekv_gguf.eval.fidelity import forced_logits, kl, teacher_forced
 from sekv_gguf.eval.report import table, write
-from sekv_gguf.eval.suite import EvalConfig, run_suite, summarize
+from sekv_gguf.eval.suite import EvalConfig, run_suite
+from sekv_gguf.eval.summary import summarize
 
 
 def test_paired_differences_match_cases_and_carry_their_standard_error():
@@ -178,3 +179,38 @@ def test_fidelity_on_code_and_tables_reports_llama_perplexity_figures(llama_mode
     assert "KL p99" in table(result | {"model": "tiny"})
     with pytest.raises(ValueError, match="fidelity corpora"):
         EvalConfig(fidelity_corpora=("poetry",))
+
+
+def test_equal_total_runs_give_the_baselines_sekv_s_device_and_host_bytes(llama_model, monkeypatch):
+    """``equal_total``: after each prompt's runs, every baseline runs again at the share of the context that the
+    sekv run's device + host bytes are of full KV's, named ``<policy>=total`` and filed under sekv's budget; its
+    device KV is then about sekv's device + host; the paired differences and the fidelity rows carry it too."""
+    import sekv_gguf.eval.suite as suite
+
+    seen, real = [], suite.make_policy
+
+    def spy(name, model, n_context, ctx_config, budget, *args, **kwargs):
+        seen.append((name, budget.kv_budget))
+        return real(name, model, n_context, ctx_config, budget, *args, **kwargs)
+
+    monkeypatch.setattr(suite, "make_policy", spy)
+    cfg = EvalConfig(policies=("sekv", "snapkv"), budgets=(0.25,), tasks=("niah_number",), lengths=(1024,),
+                     haystacks=("prose",), samples=1, n_predict=4, fidelity_docs=1, fidelity_steps=8,
+                     equal_total=True)
+    result = run_suite(llama_model, cfg, progress=False)
+    rows = {r["policy"]: r for r in result["cases"]}
+    assert list(rows) == ["sekv", "snapkv", "snapkv=total"]
+    ref, eq = rows["sekv"], rows["snapkv=total"]
+    share = (ref["device_kv_bytes"] + ref["host_kv_bytes"]) / ref["full_kv_bytes"]
+    assert ref["host_kv_bytes"] > 0 and eq["budget"] == 0.25 and eq["budget_share"] == pytest.approx(share)
+    assert ("snapkv", pytest.approx(share)) in seen and share > 0.25
+    assert rows["snapkv"]["device_kv_bytes"] < eq["device_kv_bytes"]
+    assert abs(eq["device_kv_bytes"] - ref["device_kv_bytes"] - ref["host_kv_bytes"]) < 0.1 * ref["full_kv_bytes"]
+    assert set(result["summary"]["paired"]["sekv@0.25"]) == {"snapkv@0.25", "snapkv=total@0.25"}
+    fid = {r["policy"]: r for r in result["fidelity"]}
+    assert list(fid) == ["sekv", "snapkv", "snapkv=total"]
+    f_share = (fid["sekv"]["device_kv_bytes"] + fid["sekv"]["host_kv_bytes"]) / fid["sekv"]["full_kv_bytes"]
+    assert fid["snapkv=total"]["budget_share"] == pytest.approx(f_share) and fid["snapkv=total"]["kl_mean"] >= 0
+    assert ("snapkv", int(np.ceil(f_share * 1024))) in seen
+    with pytest.raises(ValueError, match="at least one baseline"):
+        EvalConfig(policies=("full", "sekv"), equal_total=True)

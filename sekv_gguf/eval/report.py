@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..provenance import commit, machine
+from .summary import summarize
 
 
 def _case_key(c: dict[str, Any]) -> tuple[Any, ...]:
@@ -19,8 +20,6 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``new`` runs added to an earlier result of the same tasks, lengths and depths (other policies, budgets or
     seeds); a case run again (same policy, budget and prompt) replaces its earlier run, a (policy, budget) pair's
     fidelity run again replaces the earlier one."""
-    from .suite import summarize
-
     for key in ("tasks", "lengths", "haystacks", "depths"):
         if json.loads(json.dumps(old["params"].get(key))) != json.loads(json.dumps(new["params"].get(key))):
             raise ValueError(f"cannot merge: {key} differ ({old['params'].get(key)} vs {new['params'].get(key)})")

@@ -16,8 +16,10 @@ from ..engine import generate, make_policy
 from ..errors import SekvError
 from ..policies import POLICIES
 from ..policies.shared_passes import SharedPasses
+from ..session import full_kv_bytes
 from .corpora import CORPORA
-from .fidelity import KL_TAIL, forced_logits, teacher_forced
+from .fidelity import forced_logits, teacher_forced
+from .summary import summarize
 from .tasks import HAYSTACKS, OWN_CONTEXT_TASKS, PINNED_DEPTH_TASKS, TASKS, make_case, score
 
 DEFAULT_POLICIES = tuple(POLICIES)  # all of them: full, the baselines, sekv
@@ -53,6 +55,8 @@ class EvalConfig:
     sekv: dict[str, Any] = field(default_factory=dict)  # SekvConfig overrides
     sekv_variants: tuple[dict[str, Any], ...] = ()  # more sekv runs, each with these overrides on top of ``sekv``
     # (named by them, e.g. sekv-mass); the runs of one prompt share its full-attention passes (SharedPasses)
+    equal_total: bool = False  # also run each baseline at the device + host bytes of the sekv run at each budget
+    # (on a CPU both are the same RAM): named <policy>=total, filed under that budget, at its own share of the context
     adapter: str | None = None  # trained router adapter for sekv (its runs are named "sekv-trained")
     fidelity_stride: int = 7919 * 13  # characters between the fidelity documents' starts in the prose (a prime
     # multiple, so that documents of one run start at unrelated places)
@@ -88,6 +92,9 @@ class EvalConfig:
             SekvConfig(**(self.sekv | variant))  # validates the overrides
         if self.sekv_variants and self.adapter:
             raise ValueError("sekv_variants are training-free runs: leave out the adapter")
+        if self.equal_total and ("sekv" not in self.policies or set(self.policies) <= {"full", "sekv"}):
+            raise ValueError("equal_total runs the baselines at sekv's device + host bytes: it needs sekv and at least "
+                             "one baseline among the policies")
         if self.sekv_variants and "sekv" not in self.policies:
             raise ValueError("sekv_variants are runs of the sekv policy: add sekv to the policies")
 
@@ -100,6 +107,11 @@ def _runs(cfg: EvalConfig) -> list[tuple[str, float | None, dict[str, Any]]]:
         variants = [cfg.sekv | v for v in ({}, *cfg.sekv_variants)] if p == "sekv" else [{}]
         out += [(p, b, v) for v in variants for b in ([None] if p == "full" else cfg.budgets)]
     return out
+
+
+def total_share(device_bytes: int, host_bytes: int, full_bytes: int) -> float:
+    """A run's device + host bytes as a share of full KV's (capped at 1): the budget of an equal-total run."""
+    return min(1.0, (device_bytes + host_bytes) / max(full_bytes, 1))
 
 
 def check_lengths(model: Any, cfg: EvalConfig) -> None:
@@ -124,7 +136,9 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
     n_fid = len(cfg.lengths) * cfg.fidelity_docs * len(cfg.fidelity_corpora)
     # a fidelity document is its full-KV reference pass and every other run
     n_fid_runs = n_fid * (1 + sum(name != "full" for name, _, _ in runs))
-    bar = tqdm(total=n_cases * len(runs) + n_fid_runs, desc="eval", unit="run", disable=not progress)
+    n_total = len(cfg.budgets) * len([p for p in cfg.policies if p not in ("full", "sekv")]) if cfg.equal_total else 0
+    bar = tqdm(total=(n_cases + n_fid) * n_total + n_cases * len(runs) + n_fid_runs, desc="eval", unit="run",
+               disable=not progress)
     cases: list[dict[str, Any]] = []
     fidelity: list[dict[str, Any]] = []
 
@@ -150,6 +164,47 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                                                                     if k != "router"]
         return "-".join([name, *parts])
 
+    baselines = [p for p in cfg.policies if p not in ("full", "sekv")] if cfg.equal_total else []
+    base_sekv = label("sekv", cfg.sekv)  # the sekv run whose device + host bytes the equal-total runs get
+
+    def case_run(case: Any, tokens: list[int], n_predict: int, name: str, budget: float | None,
+                 overrides: dict[str, Any], share: float | None = None) -> dict[str, Any]:
+        """One run of ``name`` on ``case`` at ``budget`` (with ``share``: an equal-total run at that share of the
+        context, named ``<name>=total`` and filed under the sekv run's ``budget``)."""
+        row = {"task": case.task, "haystack": case.haystack, "length": case.n_tokens, "seed": case.seed,
+               "prompt_tokens": len(tokens), "depth": None if np.isnan(case.depth) else case.depth,
+               "answers": list(case.answers), "metric": case.metric,
+               "policy": label(name, overrides) + ("" if share is None else "=total"), "budget": budget}
+        cells_budget = budget if share is None else share
+        if share is not None:
+            row["budget_share"] = share
+        try:
+            if case.meta.get("turns"):
+                row.update(_converse(lambda n: make(name, cells_budget, n, overrides), model, case, tokens,
+                                     cfg.n_predict))
+            else:
+                policy = make(name, cells_budget, len(tokens) + n_predict, overrides)
+                reused = passes.reused
+                try:
+                    r = generate(policy, tokens, n_predict)
+                finally:
+                    policy.close()
+                # a prefill that took another run's full-attention pass: its prefill_s is not what the prefill
+                # costs alone
+                row["shared_prefill"] = passes.reused > reused
+                # a task may end its answer at a stop string (arithmetic: the first line)
+                answer = r.text.split(case.meta["stop"])[0] if case.meta.get("stop") else r.text
+                row.update({"output": r.text, "score": score(case, answer), "device_kv_bytes": r.device_kv_bytes,
+                            "full_kv_bytes": r.full_kv_bytes, "host_kv_bytes": r.host_kv_bytes,
+                            "prefill_s": r.prefill_s, "decode_s": r.decode_s})
+        except SekvError as e:  # e.g. a budget too small for this policy: recorded, not fatal
+            row.update({"output": None, "score": None, "error": str(e)})
+        if log:
+            log(f"{case.task:>18} {case.haystack:>6} {case.n_tokens:>6} {row['policy']:>9} {budget or '':>4} "
+                f"score {row['score']} {str(row['output'])[:40]!r}")
+        bar.update(1)
+        return row
+
     for length in cfg.lengths:
         for task in cfg.tasks:
             for hay in cfg.haystacks[:1] if task in OWN_CONTEXT_TASKS else cfg.haystacks:
@@ -159,43 +214,13 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                     tokens = tokenize(case.prompt)
                     # answers such as uuids or four 7-digit numbers need more tokens than the default
                     n_predict = max(cfg.n_predict, int(case.meta.get("max_new_tokens", 0)))
-                    for name, budget, overrides in runs:
-                        row = {"task": task, "haystack": case.haystack, "length": length, "seed": case.seed,
-                               "prompt_tokens": len(tokens), "depth": None if np.isnan(case.depth) else case.depth,
-                               "answers": list(case.answers), "metric": case.metric,
-                               "policy": label(name, overrides), "budget": budget}
-                        try:
-                            if case.meta.get("turns"):
-                                row.update(_converse(lambda n: make(name, budget, n, overrides), model, case,
-                                                     tokens, cfg.n_predict))
-                                cases.append(row)
-                                bar.update(1)
-                                if log:
-                                    log(f"{task:>18} {hay:>6} {length:>6} {row['policy']:>9} {budget or '':>4} "
-                                        f"score {row['score']} {row['output']!r:.60}")
-                                continue
-                            policy = make(name, budget, len(tokens) + n_predict, overrides)
-                            reused = passes.reused
-                            try:
-                                r = generate(policy, tokens, n_predict)
-                            finally:
-                                policy.close()
-                            # a prefill that took another run's full-attention pass: its prefill_s is not what
-                            # the prefill costs alone
-                            row["shared_prefill"] = passes.reused > reused
-                            # a task may end its answer at a stop string (arithmetic: the first line)
-                            answer = r.text.split(case.meta["stop"])[0] if case.meta.get("stop") else r.text
-                            row.update({"output": r.text, "score": score(case, answer),
-                                        "device_kv_bytes": r.device_kv_bytes, "full_kv_bytes": r.full_kv_bytes,
-                                        "host_kv_bytes": r.host_kv_bytes, "prefill_s": r.prefill_s,
-                                        "decode_s": r.decode_s})
-                        except SekvError as e:  # e.g. a budget too small for this policy: recorded, not fatal
-                            row.update({"output": None, "score": None, "error": str(e)})
-                        cases.append(row)
-                        if log:
-                            log(f"{task:>18} {hay:>6} {length:>6} {row['policy']:>9} {budget or '':>4} "
-                                f"score {row['score']} {str(row['output'])[:40]!r}")
-                        bar.update(1)
+                    rows = [case_run(case, tokens, n_predict, name, budget, overrides)
+                            for name, budget, overrides in runs]
+                    for ref in (r for r in rows if r["policy"] == base_sekv and r.get("full_kv_bytes")):
+                        share = total_share(ref["device_kv_bytes"], ref["host_kv_bytes"], ref["full_kv_bytes"])
+                        rows += [case_run(case, tokens, n_predict, name, ref["budget"], {}, share)
+                                 for name in baselines]
+                    cases += rows
                     passes.close()
         for corpus, doc in ((c, d) for c in cfg.fidelity_corpora for d in range(cfg.fidelity_docs)):
             text = CORPORA[corpus]()
@@ -208,25 +233,36 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
             full = make("full", None, held)
             try:
                 reference = np.stack(list(forced_logits(full, tokens, cfg.fidelity_steps)))  # [steps, n_vocab]
+                full_bytes = full_kv_bytes(full.session, length, full.full_kv_ubatch)
             finally:
                 full.close()
             bar.update(1)
-            for name, budget, overrides in runs:
-                if name == "full":
-                    continue
-                row = {"length": length, "corpus": corpus, "doc": doc, "policy": label(name, overrides),
-                       "budget": budget}
+
+            def fid_run(name: str, budget: float, overrides: dict[str, Any], share: float | None = None):
+                row = {"length": length, "corpus": corpus, "doc": doc,
+                       "policy": label(name, overrides) + ("" if share is None else "=total"), "budget": budget}
+                if share is not None:
+                    row["budget_share"] = share
                 try:
-                    policy = make(name, int(np.ceil(budget * length)), held, overrides)
+                    policy = make(name, int(np.ceil((budget if share is None else share) * length)), held,
+                                  overrides)
                     try:
                         fid = teacher_forced(reference, policy, tokens)
+                        row.update({"device_kv_bytes": policy.device_kv_bytes, "host_kv_bytes": policy.host_bytes,
+                                    "full_kv_bytes": full_bytes})
                     finally:
                         policy.close()
                     row.update(asdict(fid))
                 except SekvError as e:
                     row.update({"kl_mean": None, "top1_agreement": None, "error": str(e)})
-                fidelity.append(row)
                 bar.update(1)
+                return row
+
+            rows = [fid_run(name, budget, overrides) for name, budget, overrides in runs if name != "full"]
+            for ref in (r for r in rows if r["policy"] == base_sekv and r.get("device_kv_bytes")):
+                share = total_share(ref["device_kv_bytes"], ref["host_kv_bytes"], full_bytes)
+                rows += [fid_run(name, ref["budget"], {}, share) for name in baselines]
+            fidelity += rows
     bar.close()
     passes.close()
     params = asdict(cfg)
@@ -252,66 +288,13 @@ def _converse(make: Callable[[int], Any], model: Any, case: Any, doc: list[int],
             done = decode_loop(policy.step, policy.append(question), n, greedy, eos=model.token_eos())
             outputs.append(policy.session.text(done.tokens))
         stats = policy.stats()
+        full_bytes = full_kv_bytes(policy.session, len(doc) + sum(len(q) for q, _ in turns) + sum(per_turn),
+                                   policy.full_kv_ubatch)
     finally:
         policy.close()
     hits = [answer.strip().lower() in text.strip().lower() for text, (_, answer) in zip(outputs, turns)]
     return {"output": " | ".join(outputs), "turn_outputs": outputs, "turn_hits": hits,
             "turn_depths": [t["depth"] for t in case.meta["turns"]], "score": sum(hits) / len(hits),
             "device_kv_bytes": stats.device_kv_bytes, "host_kv_bytes": stats.host_kv_bytes,
+            "full_kv_bytes": full_bytes,
             "prefill_s": t1 - t0, "decode_s": time.perf_counter() - t1}
-
-
-def summarize(cases: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean score per (policy, budget, task) and per (policy, budget) over all tasks; mean KL / agreement."""
-    def key(r: dict[str, Any]) -> str:
-        return r["policy"] if r["budget"] is None else f"{r['policy']}@{r['budget']:g}"
-
-    acc: dict[str, dict[str, list[float]]] = {}
-    for r in cases:
-        acc.setdefault(key(r), {}).setdefault(r["task"], []).append(0.0 if r["score"] is None else r["score"])
-    out: dict[str, Any] = {"accuracy": {}, "fidelity": {}, "paired": _paired(cases, key)}
-    for k, per_task in acc.items():
-        out["accuracy"][k] = {t: float(np.mean(v)) for t, v in per_task.items()}
-        out["accuracy"][k]["all"] = float(np.mean([x for v in per_task.values() for x in v]))
-    fid: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for r in fidelity:
-        if r.get("kl_mean") is not None:
-            fid.setdefault(r.get("corpus", "prose"), {}).setdefault(key(r), []).append(r)
-    out["fidelity_by_corpus"] = {c: {k: _pooled(rows) for k, rows in per.items()} for c, per in fid.items()}
-    # the first corpus run (prose unless left out) keeps the place earlier reports read
-    out["fidelity"] = next(iter(out["fidelity_by_corpus"].values()), {})
-    return out
-
-
-def _paired(cases: list[dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> dict[str, dict[str, Any]]:
-    """Per sekv run (``key``: policy@budget) against full KV and every other policy at its budget: the mean score
-    difference over the cases both ran (the same prompt: task, haystack, length, seed, depth), its standard error
-    (the differences' sample standard deviation / sqrt(n); 0 with one case) and n — whether a difference exceeds
-    its standard error is what a grid can claim."""
-    scores: dict[str, dict[tuple[Any, ...], float]] = {}
-    for r in cases:
-        if r["score"] is not None:
-            prompt = (r["task"], r["haystack"], r["length"], r["seed"], r["depth"])
-            scores.setdefault(key(r), {})[prompt] = r["score"]
-    out: dict[str, dict[str, Any]] = {}
-    for k in (k for k in scores if k.startswith("sekv")):
-        budget = k.partition("@")[2]
-        for other in (o for o in scores if not o.startswith("sekv") and (o == "full" or o.partition("@")[2] == budget)):
-            both = sorted(set(scores[k]) & set(scores[other]), key=repr)
-            if not both:
-                continue
-            d = np.array([scores[k][c] - scores[other][c] for c in both])  # [n]
-            se = float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else 0.0
-            out.setdefault(k, {})[other] = {"diff": float(d.mean()), "se": se, "n": int(d.size)}
-    return out
-
-
-def _pooled(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Per (policy, budget, corpus): mean KL and agreement over documents (as before), and the median and tail of
-    the per-token KL pooled over every scored token (as llama-perplexity reports them; rows without per-token KL,
-    from earlier files, give none)."""
-    kls = np.concatenate([r["kls"] for r in rows if r.get("kls")] or [np.zeros(0)])
-    pooled = {"kl_median": float(np.median(kls)), "kl_p99": float(np.percentile(kls, KL_TAIL)),
-              "n_tokens": int(kls.size)} if kls.size else {}
-    return {"kl_mean": float(np.mean([r["kl_mean"] for r in rows])),
-            "top1_agreement": float(np.mean([r["top1_agreement"] for r in rows])), **pooled}
