@@ -19,12 +19,23 @@ def machine() -> dict[str, Any]:
             "processor": platform.processor()}
 
 
-def commit() -> str:
+def head() -> str:
+    """The checkout's HEAD now ("unknown" outside a git checkout)."""
     try:
         return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+# read once, when a result writer (evaluation report, training, a benchmark script) imports this module: a run of
+# hours records the code it started with, not a commit made while it ran
+_STARTED_AT = head()
+
+
+def commit() -> str:
+    """The checkout's HEAD when this process started writing results (this module's import)."""
+    return _STARTED_AT
 
 
 def command_line() -> str:
