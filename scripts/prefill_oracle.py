@@ -112,7 +112,9 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="a GGUF model (default: the embedded Gemma 3 270M)")
     ap.add_argument("--sekv", action="append", default=[], metavar="KEY=VALUE", help="a SekvConfig override")
     ap.add_argument("--tokens", type=int, default=28000)
-    ap.add_argument("--depth", type=float, default=0.1, help="the needle's depth (tasks with one needle to pin)")
+    ap.add_argument("--depth", type=lambda s: None if s == "seed" else float(s), default=0.1,
+                    help="the asked needle's depth, pinned (tasks that pin one; the evaluation pins none unless "
+                         "told: 'seed' draws it from the seed, as eval does)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=2)
@@ -124,7 +126,7 @@ def main() -> int:
     model = load_model(args.model or str(default_model_path()))
     count = lambda s: len(model.tokenize(s.encode(), add_bos=True, special=False))  # noqa: E731
     case = make_case(args.task, count, args.tokens, args.seed, "prose",
-                     args.depth if args.task in PINNED_DEPTH_TASKS else None)
+                     args.depth if args.task in PINNED_DEPTH_TASKS else None)  # None: the seed's own depth
     value = case.answers[0]
     tokens = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
     # every inserted text is the needle (a chain's every link)
