@@ -216,7 +216,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                     n_predict = max(cfg.n_predict, int(case.meta.get("max_new_tokens", 0)))
                     rows = [case_run(case, tokens, n_predict, name, budget, overrides)
                             for name, budget, overrides in runs]
-                    for ref in (r for r in rows if r["policy"] == base_sekv and r.get("full_kv_bytes")):
+                    for ref in [r for r in rows if r["policy"] == base_sekv and r.get("full_kv_bytes")]:
                         share = total_share(ref["device_kv_bytes"], ref["host_kv_bytes"], ref["full_kv_bytes"])
                         rows += [case_run(case, tokens, n_predict, name, ref["budget"], {}, share)
                                  for name in baselines]
@@ -259,7 +259,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
                 return row
 
             rows = [fid_run(name, budget, overrides) for name, budget, overrides in runs if name != "full"]
-            for ref in (r for r in rows if r["policy"] == base_sekv and r.get("device_kv_bytes")):
+            for ref in [r for r in rows if r["policy"] == base_sekv and r.get("device_kv_bytes")]:
                 share = total_share(ref["device_kv_bytes"], ref["host_kv_bytes"], full_bytes)
                 rows += [fid_run(name, ref["budget"], {}, share) for name in baselines]
             fidelity += rows
