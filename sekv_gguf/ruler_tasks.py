@@ -555,7 +555,7 @@ def make_case(task: str, count: Count, n_tokens: int, seed: int, haystack: str =
 
 def inserted_spans(case: Case) -> list[tuple[int, int]]:
     """The character spans, in ``case.prompt``, of every text inserted into the haystack (needles, a chain's links,
-    distractors), in insertion order."""
+    distractors), in the order they appear in it."""
     start = case.meta["context"][0]
     return [(start + x["offset"], start + x["offset"] + len(x["text"])) for x in case.meta["inserted"]]
 
