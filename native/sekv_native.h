@@ -30,7 +30,7 @@ int32_t sekv_surprisal(const float * logits, int64_t n, int64_t n_vocab, const i
  * n_head <= SEKV_MAX_HEADS, len <= SEKV_MAX_SPAN, rank <= min(len, d), group * rank <= SEKV_MAX_QV); the
  * buffers' extents are the caller's to vouch for. */
 #define SEKV_MAX_HEAD_DIM 1024
-#define SEKV_MAX_HEADS    128
+#define SEKV_MAX_HEADS    2048
 #define SEKV_MAX_SPAN     65536
 #define SEKV_MAX_QV       16384   /* (n_head / n_head_kv) * rank */
 #define SEKV_RANK_Q8      -1      /* rank of a span stored as int8 codes with per-channel scales */

@@ -13,7 +13,8 @@ from typing import Any, Callable, TypeVar
 
 import llama_cpp.llama_cpp as _llama
 
-SEKV_API_VERSION = 3
+SEKV_API_VERSION = 4
+SEKV_MAX_PROBES = 256
 
 # enum sekv_status
 SEKV_OK = 0
@@ -210,6 +211,18 @@ def sekv_qcap_enable(ctx: int, on: int, /) -> int: ...
 # LLAMA_API int32_t sekv_qcap_get(struct llama_context * ctx, int32_t ikv, float * out, int32_t n);
 @ctypes_function("sekv_qcap_get", [llama_context_p, ctypes.c_int32, float_p, ctypes.c_int32], ctypes.c_int32)
 def sekv_qcap_get(ctx: int, ikv: int, out: Any, n: int, /) -> int: ...
+
+
+# LLAMA_API int32_t sekv_qcap_probes    (struct llama_context * ctx, int32_t n_probes);
+@ctypes_function("sekv_qcap_probes", [llama_context_p, ctypes.c_int32], ctypes.c_int32)
+def sekv_qcap_probes(ctx: int, n_probes: int, /) -> int: ...
+
+
+# LLAMA_API int32_t sekv_qcap_get_probes(struct llama_context * ctx, int32_t ikv, float * out, int32_t n, int32_t * n_got);
+@ctypes_function("sekv_qcap_get_probes",
+                 [llama_context_p, ctypes.c_int32, float_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)],
+                 ctypes.c_int32)
+def sekv_qcap_get_probes(ctx: int, ikv: int, out: Any, n: int, n_got: Any, /) -> int: ...
 
 
 # typedef void (*sekv_layer_callback)(int32_t ikv, void * user_data);

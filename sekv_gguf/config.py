@@ -37,6 +37,7 @@ def cache_root() -> Path:
     """Where fetched models, build and capture caches live: ``$SEKV_CACHE`` or ``~/.cache/sekv_gguf``."""
     return Path(os.environ.get("SEKV_CACHE", Path.home() / ".cache" / "sekv_gguf"))
 
+MAX_PROBES = 256  # query probes one decode can capture (the hook's SEKV_MAX_PROBES)
 CELL_GRANULARITY = 256  # llama.cpp allocates KV cells in multiples of this
 
 
@@ -295,6 +296,10 @@ class SekvConfig:
                 "before its attention (the layer callback, new zooms capped at max_new_zooms per layer); where the "
                 "callback is unsupported, a routing after each chunk serves the next (lagged)",
         choices=("none", "layer"))
+    chunk_probes: int = setting(1, "how many of a chunk decode's tokens route it (chunk_routing): the queries of that "
+                                   "many tokens, evenly spaced and ending at its last (captured in the graph), score "
+                                   "every span by its best probe, so spans any part of the chunk reads are zoomed "
+                                   "before its attention; 1: the last token alone")
     step_routing: str = setting(
         "lagged", "when a decode step's routing (every route_every steps) takes effect. \"lagged\": after the step, "
                   "with its query, for the steps that follow (each step reads what an earlier query chose); "
@@ -330,6 +335,8 @@ class SekvConfig:
             raise ValueError(f"energy_v must be in (0, 1], got {self.energy_v}")
         if self.turn_routing not in ("layer", "refresh"):
             raise ValueError(f"turn_routing must be layer or refresh, got {self.turn_routing!r}")
+        if not 1 <= self.chunk_probes <= MAX_PROBES:
+            raise ValueError(f"chunk_probes must be in 1..{MAX_PROBES}, got {self.chunk_probes}")
         if self.chunk_routing not in ("none", "layer"):
             raise ValueError(f"chunk_routing must be none or layer, got {self.chunk_routing!r}")
         if self.step_routing not in ("lagged", "layer"):

@@ -127,6 +127,7 @@ class KVHook:
         self._owner = owner
         self.info = self._get_info()
         self.layers = [self._get_layer(ikv) for ikv in range(self.info.n_layer_kv)]
+        self.query_probes = 1  # tokens of each ubatch whose queries the capture keeps (set_query_probes)
 
     @classmethod
     def from_llama(cls, llm: Any) -> "KVHook":
@@ -279,6 +280,24 @@ class KVHook:
     def enable_query_capture(self, on: bool = True) -> None:
         """Capture every hooked layer's query of the last token of each decode (takes effect from the next one)."""
         check("sekv_qcap_enable", api.sekv_qcap_enable(self.ctx, int(on)))
+
+    def set_query_probes(self, n: int) -> None:
+        """Capture the queries of ``n`` tokens of each decode's ubatch (evenly spaced, ending at its last token; 1:
+        the last token alone), 1 <= n <= ``SEKV_MAX_PROBES``; reallocates the capture when it is on."""
+        if not 1 <= n <= api.SEKV_MAX_PROBES:
+            raise ValueError(f"query probes must be 1..{api.SEKV_MAX_PROBES}, got {n}")
+        check("sekv_qcap_probes", api.sekv_qcap_probes(self.ctx, int(n)))
+        self.query_probes = int(n)
+
+    def queries(self, ikv: int) -> np.ndarray:
+        """float32 [p, n_head, head_dim_k]: layer ``ikv``'s captured queries (times kq_scale) of the last decode's
+        ``p = min(probes, n_tokens)`` probe tokens, in token order (the last is its last token)."""
+        layer = self._layer(ikv, "sekv_qcap_get_probes")
+        out = np.empty((self.query_probes, layer.n_head, layer.head_dim_k), dtype=np.float32)
+        got = ctypes.c_int32()
+        check("sekv_qcap_get_probes",
+              api.sekv_qcap_get_probes(self.ctx, ikv, _ptr(out, ctypes.c_float), out.size, ctypes.byref(got)))
+        return out[:got.value]
 
     def query(self, ikv: int) -> np.ndarray:
         """float32 [n_head, head_dim_k]: layer ``ikv``'s captured query times kq_scale, so that the attention logit of

@@ -58,6 +58,7 @@ class Router(ABC):
     sketch: SketchShape | None = None  # the key sketches the router reads (None: it reads none)
     reads: frozenset[str] = ROUTING_FIELDS  # the store's stacked routing arrays it reads (the store keeps only those)
     reads_all_host_rows = False  # the score reads every host K row of the store
+    takes_probes = True  # scores a query of more heads than the model's (``probe_heads``) as their best
     two_stage = False  # proposes and verifies a bounded candidate set (``verify``)
 
     @abstractmethod
@@ -67,6 +68,14 @@ class Router(ABC):
     def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None) -> Ranking:
         """``score`` with what it read; two-stage routers also judge the ``resident`` spans from the device."""
         return Ranking(self.score(ikv, query, store), host_rows=store.span_tokens if self.reads_all_host_rows else 0)
+
+
+def probe_heads(queries: np.ndarray, n_head_kv: int) -> np.ndarray:
+    """[p, n_head, d] -> [n_head * p, d]: the probes' queries as more query heads of each KV group (KV head-major:
+    group g's heads of probe 0, of probe 1, …). Every router scores a span by its best query head, so this scores it
+    by its best probe too."""
+    p, n_head, d = queries.shape
+    return queries.reshape(p, n_head_kv, n_head // n_head_kv, d).transpose(1, 0, 2, 3).reshape(-1, d)
 
 
 def _grouped(query: np.ndarray, n_head_kv: int) -> np.ndarray:
@@ -236,6 +245,7 @@ class TrainedRouter(TwoStageRouter):
 
     name = "trained"
     reads = frozenset({"keys", "bounds"})
+    takes_probes = False  # weights per query head of the model
 
     def __init__(self, adapter: "RouterAdapter", path: str = "",
                  candidates: int = SekvConfig.verify_candidates):

@@ -21,8 +21,8 @@ def _rows_by_position(session, ikv: int) -> tuple[np.ndarray, np.ndarray]:
     return session.hook.cells_pos()[cells], k.reshape(cells.size, -1).astype(np.float32)
 
 
-def _streamed(model, toks: list[int], chunk_routing: str, refused: bool = False):
-    cfg = SekvConfig(prefill="streaming", chunk_routing=chunk_routing, energy=1.0, host_format="f16", zoom_share=0.6,
+def _streamed(model, toks: list[int], chunk_routing: str, refused: bool = False, probes: int = 1):
+    cfg = SekvConfig(prefill="streaming", chunk_routing=chunk_routing, chunk_probes=probes, energy=1.0, host_format="f16", zoom_share=0.6,
                      compress_when_fits=True, elastic_window=False, max_new_zooms=10_000, zoom_lag_refresh=False)
     policy = make_policy("sekv", model, len(toks) + 1, ContextConfig(flash_attn=False),
                          BudgetConfig(kv_budget=2048, chunk=128), cfg)
@@ -40,12 +40,14 @@ def test_chunks_routed_inside_their_decodes_compute_full_kv_rows(llama_model, ge
     want_logits = full.prefill(toks)
     results = {}
     try:
-        for mode in ("layer", "none"):
-            policy, logits = _streamed(model, toks, mode)
+        for mode in ("layer", "probes", "none"):  # probes: the chunk's decodes routed by 8 of their tokens
+            policy, logits = _streamed(model, toks, "none" if mode == "none" else "layer",
+                                       probes=8 if mode == "probes" else 1)
             try:
                 mem = policy.memory
+                assert policy.session.hook.query_probes == (8 if mode == "probes" else 1)
                 assert len(mem.store) > 3
-                assert mode == "layer" or mem.counters.chunk.routes == 0
+                assert mode != "none" or mem.counters.chunk.routes == 0
                 window = set(int(p) for p in mem.window.pos) | set(mem.anchors)  # rows decoded by this context
                 errs = []
                 for ikv in range(mem.store.n_layer):
@@ -59,6 +61,9 @@ def test_chunks_routed_inside_their_decodes_compute_full_kv_rows(llama_model, ge
                 policy.close()
     finally:
         full.close()
+    err_probes, logits_probes, routes_probes = results["probes"]
+    assert routes_probes > 4 and err_probes < 2e-3, err_probes
+    assert np.abs(logits_probes - want_logits).max() < 1e-3 * np.abs(want_logits).max()
     err_routed, logits_routed, routes = results["layer"]
     err_plain, logits_plain, _ = results["none"]
     assert routes > 4  # a routing per scored decode once spans exist

@@ -7,6 +7,7 @@ import pytest
 
 from helpers import GEMMA_SPEC, LLAMA_SPEC, prose, seq_cells
 from reference import forward
+from sekv_gguf.errors import HookStateError
 from sekv_gguf.tiny_models import tiny_weights
 
 
@@ -54,3 +55,53 @@ def test_capture_follows_each_decode(open_session, tiny_llama):
     s.hook.enable_query_capture(True)
     s.decode(s.tokenize(" more", add_bos=False))
     assert s.hook.query(1).any()
+
+
+@pytest.mark.parametrize("model", ["llama", "gemma"])
+def test_query_probes_are_the_queries_of_evenly_spaced_tokens(open_session, tiny_llama, tiny_gemma, model):
+    """With 4 probes, a decode of several ubatches keeps the queries of 4 tokens of its last ubatch, spaced by
+    n_tokens // 4 and ending at its last token; ``query`` is still the last token's; a ubatch shorter than the probe
+    count gives each of its tokens."""
+    gemma = model == "gemma"
+    spec = GEMMA_SPEC if gemma else LLAMA_SPEC
+    s = open_session(tiny_gemma if gemma else tiny_llama, n_ctx=256, n_batch=64, n_ubatch=32)
+    s.hook.set_query_probes(4)  # before the capture is on: it is sized by the probes when enabled
+    s.hook.enable_query_capture()
+    toks = s.tokenize(prose(150, offset=300))[:120]
+    s.decode(toks[:-2])  # 118 tokens: ubatches of 32, 32, 32 and 22; 4 probes of the last, spaced by 22 // 4 = 5
+    want_idx = [102, 107, 112, 117]  # token order, the last token last
+    traces, _ = forward(tiny_weights(spec, gemma), spec, toks, gemma)
+    for layer in s.hook.layers:
+        tr = traces[layer.il]
+        got = s.hook.queries(layer.ikv)
+        want = tr.q[want_idx] * tr.kq_scale  # [4, n_head, d]
+        assert got.shape == want.shape == (4, layer.n_head, layer.head_dim_k)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
+        np.testing.assert_array_equal(s.hook.query(layer.ikv), got[-1])
+    s.decode(toks[-2:])  # 2 tokens < 4 probes: both
+    for layer in s.hook.layers:
+        tr = traces[layer.il]
+        want = tr.q[-2:] * tr.kq_scale
+        np.testing.assert_allclose(s.hook.queries(layer.ikv), want, rtol=0, atol=2e-3 * np.abs(want).max())
+
+
+def test_query_probes_change_while_capture_is_on_and_inside_the_layer_callback(open_session, tiny_llama):
+    s = open_session(tiny_llama, n_ctx=256, n_batch=64, n_ubatch=64)
+    s.hook.enable_query_capture()
+    s.hook.enable_bias()
+    toks = s.tokenize(prose(60, offset=20))
+    s.decode(toks[:20])
+    s.hook.set_query_probes(5)  # reallocates the capture; the next decode captures 5
+    seen: list[np.ndarray] = []
+    with s.hook.layer_callback(lambda ikv: seen.append(s.hook.queries(ikv)) if ikv == 1 else None):
+        s.decode(toks[20:40])
+    with pytest.raises(HookStateError, match="changing the query probes is not allowed inside the layer callback"):
+        with s.hook.layer_callback(lambda ikv: s.hook.set_query_probes(2)):
+            s.decode(toks[40:41])
+    traces, _ = forward(tiny_weights(LLAMA_SPEC), LLAMA_SPEC, toks[:40])
+    want = traces[s.hook.layers[1].il].q[[23, 27, 31, 35, 39]] * traces[s.hook.layers[1].il].kq_scale
+    assert len(seen) == 1
+    np.testing.assert_allclose(seen[0], want, rtol=0, atol=2e-3 * np.abs(want).max())
+    for bad in (0, 257):
+        with pytest.raises(ValueError, match="query probes must be 1..256"):
+            s.hook.set_query_probes(bad)

@@ -179,3 +179,26 @@ def test_index_reads_do_not_grow_with_the_context(llama_model):
     bounded = _reads(llama_model, 32768, "index", prompt_scan=False)
     fill = bounded.zoom_slots + (cfg.verify_candidates + 1) * cfg.span_max  # slots, candidates, rebuilt rows
     assert bounded.host_rows_read_per_prompt_route <= fill + bounded.zoom_slots
+
+
+def test_probes_as_heads_score_each_span_by_its_best_probe():
+    """``probe_heads`` stacks p queries as more heads of each KV group: every training-free router (and the index
+    router's proposal) then scores a span as the best of its scores for each probe alone."""
+    from sekv_gguf.router import ROUTERS, IndexRouter, probe_heads
+    from sekv_gguf.span_store import SpanStore
+
+    rng = np.random.default_rng(4)
+    n_head, n_head_kv, d, p = 4, 2, 16, 3
+    mats = [rng.standard_normal((int(n), n_head_kv, d)).astype(np.float32) for n in rng.integers(4, 40, 12)]
+    rows = np.concatenate(mats)
+    store = SpanStore(1, n_head_kv, d, SekvConfig(), None)
+    store.add([np.arange(m.shape[0]) for m in mats], [np.ones(m.shape[0]) for m in mats], lambda ikv: (rows, rows))
+    probes = rng.standard_normal((p, n_head, d)).astype(np.float32)
+    stacked = probe_heads(probes, n_head_kv)
+    assert stacked.shape == (n_head * p, d)
+    np.testing.assert_array_equal(stacked[:2 * p].reshape(p, 2, d), probes[:, :2])  # KV head 0's group, probe-major
+    for name, cls in ROUTERS.items():
+        router = cls()
+        score = router.propose if isinstance(router, IndexRouter) else router.score
+        want = np.max([score(0, q, store) for q in probes], axis=0)
+        np.testing.assert_allclose(score(0, stacked, store), want, rtol=1e-5, atol=1e-5, err_msg=name)

@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "fraction)")
     option(run, SekvConfig, "prefill")
     option(run, SekvConfig, "chunk_routing")
+    option(run, SekvConfig, "chunk_probes")
     option(run, SekvConfig, "step_routing")
     option(run, SekvConfig, "route_every")
     option(run, SekvConfig, "signal")

@@ -91,6 +91,8 @@ class SekvPolicy(Policy):
                                   f"{KVInfo.type_name(hook.info.type_k)} K cache holds them Hadamard-rotated "
                                   "(llama.cpp's attn_rot_k): use type_k f16 or a training-free router")
         hook.enable_query_capture()
+        if config.chunk_routing == "layer":
+            hook.set_query_probes(config.chunk_probes)
         if not plan.fits:
             hook.enable_bias()
         self.routing = SpanRouting(router, config)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..config import SekvConfig
 from ..errors import UnsupportedModelError
-from ..router import LowRankMassRouter, Router
+from ..router import LowRankMassRouter, Router, probe_heads
 from ..span_store import single_threaded_blas
 from .sekv_memory import SekvMemory
 
@@ -43,10 +43,18 @@ class SpanRouting:
         self.count(memory, kind)
         rebuilt = memory.zoom.rebuilt_rows
         for ikv in range(memory.store.n_layer):
-            query = memory.hook.query(ikv) if queries is None else queries[ikv]
+            query = self.query(memory, ikv, router, kind) if queries is None else queries[ikv]
             self.route_layer(memory, ikv, query, router, kind)
         counts.host_rows += memory.zoom.rebuilt_rows - rebuilt  # the new zooms' host rows
         memory.counters.zoom_s += time.perf_counter() - t0
+
+    def query(self, memory: SekvMemory, ikv: int, router: Router, kind: str) -> np.ndarray:
+        """Layer ``ikv``'s captured query [n_head, d] of the last decode; for a chunk's routing with query probes on
+        (``chunk_probes``) and a router that takes them, every probe's [n_head * p, d] (``probe_heads``)."""
+        hook = memory.hook
+        if kind != "chunk" or hook.query_probes == 1 or not router.takes_probes:
+            return hook.query(ikv)
+        return probe_heads(hook.queries(ikv), memory.store.n_head_kv)
 
     def count(self, memory: SekvMemory, kind: str) -> None:
         memory.counters.route_calls += 1
@@ -78,7 +86,7 @@ class SpanRouting:
             if per_decode and ikv == 0:
                 memory.clock += 1
                 self.count(memory, kind)
-            self.route_layer(memory, ikv, memory.hook.query(ikv), router, kind)
+            self.route_layer(memory, ikv, self.query(memory, ikv, router, kind), router, kind)
             dt = time.perf_counter() - t0
             counters.zoom_s += dt
             counters.step_route_s += dt if kind == "step" else 0.0
