@@ -289,17 +289,17 @@ class SekvConfig:
                  "route with the captured queries, decode the turn again (the tail refresh of zoom_lag_refresh)",
         choices=("layer", "refresh"))
     chunk_routing: str = setting(
-        "none", "how a streamed prompt's chunks reach the spans already compressed. \"none\": they read summaries "
-                "and what the zoom slots hold, routed once after the last chunk; \"layer\": each llama_decode of a "
-                "chunk (n_outputs tokens when surprisal is scored) routes inside itself, each hooked layer with that "
-                "decode's query "
-                "before its attention (the layer callback, new zooms capped at max_new_zooms per layer); where the "
-                "callback is unsupported, a routing after each chunk serves the next (lagged)",
+        "layer", "how a streamed prompt's chunks reach the spans already compressed. \"layer\": each llama_decode of "
+                 "a chunk (n_outputs tokens when surprisal is scored) routes inside itself, each hooked layer with "
+                 "that decode's queries (chunk_probes) before its attention (the layer callback, new zooms capped at "
+                 "max_new_zooms per layer); where the callback is unsupported, a routing after each chunk serves the "
+                 "next (lagged); \"none\": they read summaries and what the zoom slots hold, routed once after the "
+                 "last chunk",
         choices=("none", "layer"))
-    chunk_probes: int = setting(1, "how many of a chunk decode's tokens route it (chunk_routing): the queries of that "
-                                   "many tokens, evenly spaced and ending at its last (captured in the graph), score "
-                                   "every span by its best probe, so spans any part of the chunk reads are zoomed "
-                                   "before its attention; 1: the last token alone")
+    chunk_probes: int = setting(16, "how many of a chunk decode's tokens route it (chunk_routing): the queries of "
+                                    "that many tokens, evenly spaced and ending at its last (captured in the graph), "
+                                    "score every span by its best probe, so spans any part of the chunk reads are "
+                                    "zoomed before its attention; 1: the last token alone")
     step_routing: str = setting(
         "lagged", "when a decode step's routing (every route_every steps) takes effect. \"lagged\": after the step, "
                   "with its query, for the steps that follow (each step reads what an earlier query chose); "

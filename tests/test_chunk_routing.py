@@ -99,7 +99,9 @@ def test_the_window_refresh_recomputes_the_sliding_window_over_the_zoomed_spans(
     full.close()
     errs, refreshed = {}, {}
     for name, window, lag in (("window", True, True), ("plain", False, True), ("none", False, False)):
-        cfg = SekvConfig(refresh_window=window, zoom_lag_refresh=lag, energy=1.0, host_format="f16", zoom_share=0.6,
+        # chunk_routing none: the last chunk reads a summary (routed chunks would zoom it in their own decodes)
+        cfg = SekvConfig(refresh_window=window, zoom_lag_refresh=lag, chunk_routing="none", energy=1.0,
+                         host_format="f16", zoom_share=0.6,
                          compress_when_fits=True, elastic_window=False, max_new_zooms=10_000, refresh_tokens=16)
         policy = make_policy("sekv", gemma_model, len(toks) + 1, ContextConfig(flash_attn=False),
                              BudgetConfig(kv_budget=1024, chunk=32, window=64), cfg)
