@@ -235,7 +235,8 @@ class SekvConfig:
         choices=HOST_FORMATS)
     prefill: str = setting(
         "auto", '"auto": streamed through the budget context (device cells never above the budget, no full-size '
-                "context), chunk by chunk, then routed with the prompt's last query and its tail decoded again over "
+                "context), chunk by chunk (each chunk's decodes routed inside themselves: chunk_routing), then routed "
+                "with the prompt's last query and its tail decoded again over "
                 "the zoomed spans (refresh_tokens, and on iSWA models the sliding window before them: "
                 'refresh_window); "streaming": the same (its older name); "exact": full attention over the whole '
                 "prompt in a temporary full-size context (the prompt's full KV beside the budget), then "

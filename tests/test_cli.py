@@ -156,3 +156,18 @@ def test_run_step_routing_flags(tmp_path, tiny_llama):
     assert routed[False] == 0 and routed[True] >= 8  # every step after the first, inside its own decode
     r = _run("run", str(tiny_llama), "-p", "x", "-n", "2", "--route-every", "0")
     assert r.returncode != 0 and "route_every must be >= 1, got 0" in r.stderr and r.stdout == ""
+
+
+def test_sekv_overrides_parse_each_value_as_its_fields_type():
+    """``none`` is None for a field that may be None and the word itself in a text field (``chunk_routing=none``,
+    a choice, was refused as None)."""
+    from sekv_gguf.cli import sekv_overrides
+    from sekv_gguf.config import SekvConfig
+
+    got = sekv_overrides(["chunk_routing=none", "energy_v=none", "chunk_probes=4", "zoom_lag_refresh=false",
+                          "energy=0.5"])
+    assert got == {"chunk_routing": "none", "energy_v": None, "chunk_probes": 4, "zoom_lag_refresh": False,
+                   "energy": 0.5}
+    assert SekvConfig(**got).chunk_routing == "none"
+    with pytest.raises(ValueError, match="--sekv takes KEY=VALUE"):
+        sekv_overrides(["no_such_key=1"])

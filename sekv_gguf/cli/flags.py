@@ -141,7 +141,8 @@ TRAIN_HELP = {"out": "adapter file to write", "docs": "training documents", "tok
 
 
 def sekv_overrides(items: list[str]) -> dict:
-    """``KEY=VALUE`` pairs -> SekvConfig overrides, each value parsed as the field's type (``none`` for None)."""
+    """``KEY=VALUE`` pairs -> SekvConfig overrides, each value parsed as the field's type (``none`` for None, except
+    in a text field, where it is the word: ``chunk_routing=none``)."""
     fields = {f.name: f for f in dataclasses.fields(SekvConfig)}
     out: dict = {}
     for item in items:
@@ -149,7 +150,9 @@ def sekv_overrides(items: list[str]) -> dict:
         if not sep or key not in fields:
             raise ValueError(f"--sekv takes KEY=VALUE with KEY one of {', '.join(fields)}, got {item!r}")
         default = getattr(SekvConfig, key)
-        if text.lower() == "none":
+        if isinstance(default, str):
+            out[key] = text
+        elif text.lower() == "none":
             out[key] = None
         elif isinstance(default, bool):
             out[key] = text.lower() in ("1", "true", "yes", "on")
