@@ -13,6 +13,8 @@ from .errors import NativeError
 
 RANK_Q8 = lib.SEKV_RANK_Q8  # SpanTable rank of int8 rows
 RANK_Q4 = lib.SEKV_RANK_Q4  # SpanTable rank of packed 4-bit rows
+MAX_HEADS = lib.SEKV_MAX_HEADS  # query heads span_mass scores at once (query probes count as heads)
+MAX_QV = lib.SEKV_MAX_QV  # (query heads per KV head) * rank of a factored span span_mass scores at once
 
 _MESSAGES = {
     lib.SEKV_N_ERR_NULL: "a required buffer is missing",

@@ -78,6 +78,13 @@ def probe_heads(queries: np.ndarray, n_head_kv: int) -> np.ndarray:
     return queries.reshape(p, n_head_kv, n_head // n_head_kv, d).transpose(1, 0, 2, 3).reshape(-1, d)
 
 
+def probes_that_fit(n_probes: int, n_head: int, n_head_kv: int, head_dim: int) -> int:
+    """``n_probes``, or fewer where the probes' query heads would exceed what the native scorer takes at once:
+    n_head * p heads, and (n_head / n_head_kv) * p * rank for factored spans (rank <= head_dim); at least 1."""
+    fits = min(native.MAX_HEADS // n_head, native.MAX_QV // ((n_head // n_head_kv) * head_dim))
+    return max(1, min(n_probes, fits))
+
+
 def _grouped(query: np.ndarray, n_head_kv: int) -> np.ndarray:
     """[n_head, d] -> [n_head_kv, group, d]: the query heads that share each KV head."""
     return query.reshape(n_head_kv, query.shape[0] // n_head_kv, -1)

@@ -202,3 +202,19 @@ def test_probes_as_heads_score_each_span_by_its_best_probe():
         score = router.propose if isinstance(router, IndexRouter) else router.score
         want = np.max([score(0, q, store) for q in probes], axis=0)
         np.testing.assert_allclose(score(0, stacked, store), want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_probes_are_cut_to_what_the_native_scorer_takes():
+    """The probe count a policy captures: the configured one where the heads fit the native scorer (Qwen2.5's 12
+    heads of 2 KV groups, Gemma 3's 4 of 1), fewer where they would not; a query of that many heads scores."""
+    from sekv_gguf.router import probes_that_fit
+
+    assert probes_that_fit(16, 12, 2, 128) == 16 and probes_that_fit(16, 4, 1, 256) == 16
+    assert probes_that_fit(256, 128, 128, 128) == native.MAX_HEADS // 128  # heads bind (group 1)
+    wide = probes_that_fit(16, 64, 4, 128)  # 16 query heads per KV head
+    assert wide == native.MAX_QV // (16 * 128) < 16
+    assert probes_that_fit(16, 4096, 1, 128) == 1
+    rng = np.random.default_rng(1)
+    table = native.SpanTable.of_rows([rng.standard_normal((5, 4, 128)).astype(np.float16)], 4, 128)
+    q = rng.standard_normal((64 * wide, 128)).astype(np.float32)
+    assert native.span_mass(q, table).shape == (1, 64 * wide)

@@ -27,7 +27,7 @@ import numpy as np
 from ..config import BudgetConfig, ContextConfig, SekvConfig
 from ..errors import AdapterError, BudgetError
 from ..hook import KVInfo
-from ..router import Router, training_free
+from ..router import Router, probes_that_fit, training_free
 from ..segment import RaritySegmenter, Segmenter
 from ..session import Session, swa_ubatch
 from ..span_store import SpanStore
@@ -91,8 +91,8 @@ class SekvPolicy(Policy):
                                   f"{KVInfo.type_name(hook.info.type_k)} K cache holds them Hadamard-rotated "
                                   "(llama.cpp's attn_rot_k): use type_k f16 or a training-free router")
         hook.enable_query_capture()
-        if config.chunk_routing == "layer":
-            hook.set_query_probes(config.chunk_probes)
+        if config.chunk_routing == "layer" and router.takes_probes:
+            hook.set_query_probes(probes_that_fit(config.chunk_probes, layer.n_head, layer.n_head_kv, layer.head_dim_k))
         if not plan.fits:
             hook.enable_bias()
         self.routing = SpanRouting(router, config)
