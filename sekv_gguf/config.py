@@ -300,8 +300,8 @@ class SekvConfig:
     chunk_probes: int = setting(16, "how many of a chunk decode's tokens route it (chunk_routing): the queries of "
                                     "that many tokens, evenly spaced and ending at its last (captured in the graph), "
                                     "score every span by its best probe, so spans any part of the chunk reads are "
-                                    "zoomed before its attention; 1: the last token alone (fewer where the model's query heads "
-                                    "times the probes exceed what the native scorer takes at once)")
+                                    "zoomed before its attention; 1: the last token alone (fewer where the model's "
+                                    "query heads times the probes exceed what the native scorer takes at once)")
     step_routing: str = setting(
         "lagged", "when a decode step's routing (every route_every steps) takes effect. \"lagged\": after the step, "
                   "with its query, for the steps that follow (each step reads what an earlier query chose); "

@@ -22,8 +22,8 @@ def _rows_by_position(session, ikv: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _streamed(model, toks: list[int], chunk_routing: str, refused: bool = False, probes: int = 1):
-    cfg = SekvConfig(prefill="streaming", chunk_routing=chunk_routing, chunk_probes=probes, energy=1.0, host_format="f16", zoom_share=0.6,
-                     compress_when_fits=True, elastic_window=False, max_new_zooms=10_000, zoom_lag_refresh=False)
+    cfg = SekvConfig(prefill="streaming", chunk_routing=chunk_routing, chunk_probes=probes, energy=1.0,
+                     host_format="f16", zoom_share=0.6, compress_when_fits=True, elastic_window=False, max_new_zooms=10_000, zoom_lag_refresh=False)
     policy = make_policy("sekv", model, len(toks) + 1, ContextConfig(flash_attn=False),
                          BudgetConfig(kv_budget=2048, chunk=128), cfg)
     if refused:  # where the hook refuses the layer callback (the context has an eval callback of its own)

@@ -105,3 +105,11 @@ def test_query_probes_change_while_capture_is_on_and_inside_the_layer_callback(o
     for bad in (0, 257):
         with pytest.raises(ValueError, match="query probes must be 1..256"):
             s.hook.set_query_probes(bad)
+
+
+def test_the_configs_probe_bound_is_the_hooks():
+    """``config.MAX_PROBES`` (config cannot import the hook's ctypes mirror) is the C header's SEKV_MAX_PROBES."""
+    from sekv_gguf import _hook_api
+    from sekv_gguf.config import MAX_PROBES
+
+    assert MAX_PROBES == _hook_api.SEKV_MAX_PROBES
