@@ -31,7 +31,7 @@ class SekvStats:
     anchors: int
     mean_rank: float
     raw_share: float                # share of span matrices kept as rows, not factors
-    zooms_per_step: float           # spans rebuilt per routing call
+    zooms_per_step: float           # spans rebuilt per routing call (every kind: prompt, chunk, step)
     rebuilt_rows_per_step: float
     compress_s: float
     zoom_s: float

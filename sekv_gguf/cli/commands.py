@@ -157,7 +157,8 @@ def _print_stats(r: RunResult) -> None:
     if r.sekv:
         k = r.sekv
         lines.append(f"sekv: router {k.router}, {k.spans} spans, {k.anchors} anchors, mean rank "
-                     f"{k.mean_rank:.1f}, {k.zooms_per_step:.2f} zooms/step")
+                     f"{k.mean_rank:.1f}, {k.zooms_per_step:.2f} zooms per routing ({k.chunk_routes} routings inside "
+                     "prompt chunks)")
     for line in lines:
         print(line, file=sys.stderr)
 
