@@ -13,7 +13,8 @@ RULER's repeated noise sentences, ``"prose"`` is ``stdlib_prose()`` from a parag
 is ``stdlib_code()`` (standard-library source) from a blank line picked by the seed, where a fact may start any
 line. ``code_function`` inserts a function definition and asks what it returns (a function defined early in a long
 file, called late); ``table_lookup`` is a long CSV table, the whole context (its case's haystack is ``"table"``),
-and asks for one row's code by its id. In ``frequent_words`` the word list is the whole context, and the haystack
+and asks for one row's code by its id; ``many_shot_labels``'s labelled examples are the whole context too (its
+haystack is ``"examples"``). In ``frequent_words`` the word list is the whole context, and the haystack
 picks its vocabulary: RULER's random letter strings for ``"filler"``, words of the text for the others. Sentence
 boundaries in the prose are a few hundred characters apart at most, so a fact sits within 0.05 of its depth from
 ~2K tokens on (further off in shorter prose).
@@ -81,7 +82,8 @@ class Case:
     task: str
     prompt: str  # instruction + context (haystack with inserted sentences) + question + answer lead
     answers: tuple[str, ...]  # reference strings that must appear in the model output
-    metric: str  # "all": every reference must appear (the score is the fraction found); "any": one suffices
+    metric: str  # "all": every reference must appear (the score is the fraction found); "any": one suffices;
+    # "first": the output's first word is a reference
     depth: float  # depth of the first inserted text that holds an answer, as a fraction of the context (NaN: none)
     haystack: str  # "filler" or "prose"
     seed: int
@@ -467,6 +469,76 @@ def code_function(count: Count, n_tokens: int, seed: int, haystack: str = "code"
                           sep="\n\n")
 
 
+# kinds of things whose members a model knows (the many-shot classification's classes), eight members each
+_KINDS = {
+    "fruit": ["apple", "banana", "cherry", "mango", "plum", "pear", "peach", "apricot"],
+    "mammal": ["wolf", "tiger", "horse", "rabbit", "bear", "deer", "fox", "camel"],
+    "tool": ["hammer", "wrench", "screwdriver", "chisel", "saw", "pliers", "drill", "shovel"],
+    "instrument": ["violin", "piano", "trumpet", "flute", "guitar", "cello", "drum", "harp"],
+    "metal": ["iron", "copper", "silver", "gold", "zinc", "nickel", "tin", "aluminium"],
+    "colour": ["red", "blue", "green", "yellow", "purple", "brown", "pink", "grey"],
+    "country": ["France", "Kenya", "Peru", "Japan", "Norway", "Egypt", "Chile", "India"],
+    "vehicle": ["truck", "bicycle", "train", "airplane", "motorcycle", "bus", "tractor", "scooter"],
+    "body part": ["elbow", "knee", "shoulder", "ankle", "wrist", "finger", "neck", "ear"],
+    "bird": ["eagle", "sparrow", "owl", "parrot", "pigeon", "crow", "swan", "robin"],
+    "weather": ["rain", "snow", "hail", "fog", "thunder", "drizzle", "sleet", "wind"],
+    "sport": ["tennis", "soccer", "rugby", "golf", "hockey", "baseball", "volleyball", "boxing"],
+}
+# made-up labels (no meaning a model could bring to them)
+_LABELS = ["dax", "wug", "blicket", "fep", "toma", "zib", "lorp", "mib", "kiki", "vosk", "trell", "quon"]
+MANY_SHOT_KINDS = 4  # classes in one prompt
+MANY_SHOT_ASKED = 6  # labelled examples of the asked class (each a different member)
+MANY_SHOT_SPREAD = 0.75  # they sit in this first share of the examples (a recent window cannot answer)
+
+
+def many_shot_labels(count: Count, n_tokens: int, seed: int, haystack: str = "prose") -> Case:
+    """Many-shot classification with made-up labels, generated offline; the examples are the whole context
+    (``haystack`` is not used; the case records ``examples``). ``MANY_SHOT_KINDS`` kinds of things (fruit, tools,
+    ...) each get a made-up label, and labelled examples ("The item "plum" has the label dax.") fill the context:
+    ``MANY_SHOT_ASKED`` of the asked kind, evenly spread over the first ``MANY_SHOT_SPREAD`` of the examples, the
+    rest drawn from the other kinds. The question asks the label of a member of the asked kind that no example
+    names: the answer needs that kind's examples and the rule they share, not one copied fact. Graded on the
+    answer's first word (``metric="first"``): listing every label scores nothing."""
+    _check_haystack(haystack)
+    rng = random.Random(seed)
+    kinds = rng.sample(sorted(_KINDS), MANY_SHOT_KINDS)
+    labels = dict(zip(kinds, rng.sample(_LABELS, MANY_SHOT_KINDS)))
+    asked = rng.choice(kinds)
+    *shown, item = rng.sample(_KINDS[asked], MANY_SHOT_ASKED + 1)
+    others = [(k, m) for k in kinds if k != asked for m in _KINDS[k]]
+    salt = rng.getrandbits(64)
+
+    def shot(kind: str, member: str) -> str:
+        return f'The item "{member}" has the label {labels[kind]}.'
+
+    def examples(n: int) -> tuple[list[tuple[str, str]], list[int]]:  # n examples, where the asked kind's sit
+        r = random.Random(salt)
+        at = [min(int((i + 0.5) / MANY_SHOT_ASKED * MANY_SHOT_SPREAD * n), n - 1) for i in range(MANY_SHOT_ASKED)]
+        fill = iter([r.choice(others) for _ in range(n)])
+        ex = dict(zip(at, ((asked, m) for m in shown)))
+        return [ex[i] if i in ex else next(fill) for i in range(n)], at
+
+    def body(n: int) -> str:
+        return "\n".join(shot(k, m) for k, m in examples(n)[0])
+
+    head = ("The text below contains labelled examples: items of the same kind share one made-up label. "
+            "Learn which label goes with which kind of item.\n\n")
+    tail = (f'\n\nQuestion: Which label does the item "{item}" have?\n'
+            f'Answer: The label of the item "{item}" is:')
+    n = fit_size(count, n_tokens, lambda n: head + body(n) + tail, lo=2 * MANY_SHOT_ASKED,
+                 guess=max(2 * MANY_SHOT_ASKED, n_tokens // 12), what="task 'many_shot_labels'")
+    ex, at = examples(n)
+    lines = [shot(k, m) for k, m in ex]
+    starts = [sum(len(x) + 1 for x in lines[:i]) for i in at]
+    context = "\n".join(lines)
+    prompt = head + context + tail
+    inserted = [{"text": lines[i], "offset": off, "anchor": 0, "depth": round(off / len(context), 3), "answer": True}
+                for i, off in zip(at, starts)]
+    return Case("many_shot_labels", prompt, (labels[asked],), "first", inserted[0]["depth"], "examples", seed,
+                n_tokens, _meta(count, prompt, head, context, (labels[asked],), n_examples=n, inserted=inserted,
+                                stop="\n", kind=asked, item=item, labels=labels))
+
+
 TABLE_HEADER = ("id", "name", "city", "code")
 
 
@@ -527,11 +599,12 @@ TASKS: dict[str, Callable[..., Case]] = {
     "variable_tracking": variable_tracking,
     "frequent_words": frequent_words,
     "arithmetic": arithmetic,
+    "many_shot_labels": many_shot_labels,
     "code_function": code_function,
     "table_lookup": table_lookup,
 }
 # tasks whose context is their own (not a haystack): an evaluation runs them once per length and seed
-OWN_CONTEXT_TASKS = ("table_lookup",)
+OWN_CONTEXT_TASKS = ("table_lookup", "many_shot_labels")
 
 
 PINNED_DEPTH_TASKS = ("niah_number", "niah_word", "niah_uuid", "niah_multikey", "niah_multivalue", "niah_multiquery",

@@ -13,14 +13,14 @@ import pytest
 
 from sekv_gguf.eval import TASKS, Case, make_case, score
 from sekv_gguf.eval.tasks import HAYSTACKS
-from sekv_gguf.ruler_tasks import inserted_spans
+from sekv_gguf.ruler_tasks import _KINDS, MANY_SHOT_ASKED, MANY_SHOT_KINDS, MANY_SHOT_SPREAD, inserted_spans
 
 COUNTS = {
     "chars/4": lambda text: len(text) // 4,
     "words": lambda text: 1 + len(re.findall(r"\w+|[^\w\s]", text)),  # a BOS and a word/punctuation tokenizer
 }
 count = COUNTS["chars/4"]
-OWN_HAYSTACK = {"table_lookup": "table"}  # the case's own context, not the haystack asked for
+OWN_HAYSTACK = {"table_lookup": "table", "many_shot_labels": "examples"}  # the case's own context, not the haystack asked for
 ALL = list(TASKS)
 N_ANSWERS = {"niah_multivalue": 4, "niah_multiquery": 2, "niah_multiturn": 3, "variable_tracking": 5,
              "frequent_words": 3}
@@ -34,7 +34,7 @@ def context(case: Case) -> str:
 def test_task_names():
     assert ALL == ["niah_number", "niah_word", "niah_uuid", "niah_multikey", "niah_multivalue", "niah_multiquery",
                    "niah_multiturn", "kv_retrieval", "variable_tracking", "frequent_words", "arithmetic",
-                   "code_function", "table_lookup"]
+                   "many_shot_labels", "code_function", "table_lookup"]
 
 
 @pytest.mark.parametrize("haystack", HAYSTACKS)
@@ -47,7 +47,7 @@ def test_deterministic_per_seed(task, haystack):
     c = make_case(task, count, 1024, 4, haystack)
     assert repr(a) == repr(b)  # repr: depth may be NaN, and NaN != NaN
     assert a.prompt != c.prompt and a.answers != c.answers
-    hay = "table" if task == "table_lookup" else haystack
+    hay = OWN_HAYSTACK.get(task, haystack)
     assert (a.task, a.haystack, a.seed, a.n_tokens) == (task, hay, 3, 1024)
 
 
@@ -56,7 +56,7 @@ def test_shape(task):
     case = make_case(task, count, 1024, 0)
     assert case.haystack == OWN_HAYSTACK.get(task, "prose")  # the default
     assert len(case.answers) == N_ANSWERS.get(task, 1)
-    assert case.metric == ("any" if task == "arithmetic" else "all")
+    assert case.metric == {"arithmetic": "any", "many_shot_labels": "first"}.get(task, "all")
     leads = [t["text"] for t in case.meta["turns"]] if task == "niah_multiturn" else [case.prompt]
     assert all(lead.endswith(":") for lead in leads)  # an answer lead, no trailing space
     assert math.isnan(case.depth) == (task in ("frequent_words", "arithmetic"))
@@ -79,7 +79,7 @@ def test_facts_in_context_at_their_depth(task, haystack):
         case = make_case(task, count, 4096, seed, haystack)
         ctx = context(case)
         question = case.prompt[case.meta["context"][1]:]
-        if task != "arithmetic":  # retrieval: every answer is stated before the question, not in it
+        if task not in ("arithmetic", "many_shot_labels"):  # retrieval: every answer stated before the question only
             assert all(answer in ctx and answer not in question for answer in case.answers)
         for item in case.meta["inserted"]:
             assert ctx[item["offset"]:].startswith(item["text"])
@@ -158,6 +158,36 @@ def test_arithmetic_shots():
     shots = re.findall(r"Q: [^\n]+\nA: (\d+)", context(case))
     assert len(shots) == len(case.meta["inserted"]) == 2048 // 128
     assert case.prompt.endswith("\nA:") and case.answers[0].isdigit() and case.meta["stop"] == "\n"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_many_shot_labels(seed):
+    case = make_case("many_shot_labels", count, 4096, seed, "prose")
+    shots = re.findall(r'The item "([^"]+)" has the label (\w+)\.', context(case))
+    assert len(shots) == case.meta["n_examples"] > 100
+    labels, asked, item = case.meta["labels"], case.meta["kind"], case.meta["item"]
+    assert len(labels) == len(set(labels.values())) == MANY_SHOT_KINDS and case.answers == (labels[asked],)
+    # every example carries its kind's label; the asked item is a member of the asked kind that no example shows
+    kind_of = {m: k for k in labels for m in _KINDS[k]}
+    assert all(labels[kind_of[m]] == label for m, label in shots)
+    assert item in _KINDS[asked] and item not in {m for m, _ in shots}
+    assert f'"{item}"' in case.prompt[case.meta["context"][1]:]
+    # the asked kind's examples: distinct members, spread over the first share of the examples, the answer inserts
+    at = [i for i, (m, _) in enumerate(shots) if kind_of[m] == asked]
+    assert len(at) == len({shots[i][0] for i in at}) == MANY_SHOT_ASKED
+    assert at[0] < len(shots) * 0.2 and at[-1] < len(shots) * MANY_SHOT_SPREAD
+    assert [x["text"] for x in case.meta["inserted"]] == [f'The item "{shots[i][0]}" has the label {shots[i][1]}.'
+                                                          for i in at]
+    assert case.meta["stop"] == "\n" and case.prompt.endswith("is:")
+
+
+def test_score_first_word():
+    case = _case(("dax",), "first")
+    assert score(case, " dax.\n") == 1.0
+    assert score(case, "Dax") == 1.0
+    assert score(case, " wug, dax, fep") == 0.0  # a list of labels is not an answer
+    assert score(case, " daxes") == 0.0
+    assert score(case, "") == 0.0
 
 
 def _case(answers: tuple[str, ...], metric: str) -> Case:
