@@ -324,3 +324,66 @@ int32_t sekv_q4_to_f16(const uint8_t * codes, const uint16_t * params, int64_t n
     }
     return SEKV_N_OK;
 }
+
+/* whether f is -inf, read from its bits (-ffast-math lets the compiler assume no infinity in comparisons) */
+static inline int sekv_is_neg_inf(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof(x));
+    return x == 0xff800000u;
+}
+
+int32_t sekv_index_score(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
+                         int64_t n_blocks, const int8_t * codes, const uint16_t * scale, const float * logn,
+                         float * out) {
+    if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 || n_head > SEKV_MAX_HEADS || d <= 0 ||
+        d > SEKV_MAX_HEAD_DIM || n_spans < 0 || n_blocks <= 0 ||
+        (n_spans > 0 && n_spans > INT64_MAX / n_head_kv / n_blocks / d)) {
+        return SEKV_N_ERR_SIZE;
+    }
+    if (n_spans == 0) return SEKV_N_OK;
+    if (q == NULL || codes == NULL || scale == NULL || logn == NULL || out == NULL) return SEKV_N_ERR_NULL;
+    sekv_h2f_init();
+    const int64_t group = n_head / n_head_kv;
+    float dots[SEKV_MAX_HEADS];
+    float top[SEKV_MAX_HEADS];
+    float sum[SEKV_MAX_HEADS];
+    float row_f[SEKV_MAX_HEAD_DIM];
+    for (int64_t s = 0; s < n_spans; ++s) {
+        if (sekv_is_neg_inf(logn[s*n_blocks])) return SEKV_N_ERR_SIZE;    /* a span without a real first block */
+        float best = 0.0f;
+        for (int64_t kv = 0; kv < n_head_kv; ++kv) {
+            const float * qk = q + kv*group*d;
+            for (int64_t b = 0; b < n_blocks; ++b) {
+                const float ln = logn[s*n_blocks + b];
+                if (sekv_is_neg_inf(ln)) continue;                             /* padding */
+                const int64_t row = (kv*n_spans + s)*n_blocks + b;
+                const int8_t * c = codes + row*d;
+                const float sc = sekv_h2f_table[scale[row]];
+                for (int64_t i = 0; i < d; ++i) row_f[i] = (float) c[i];      /* widened once for the group */
+                for (int64_t g = 0; g < group; ++g) {
+                    const float * qg = qk + g*d;
+                    float acc = 0.0f;
+                    for (int64_t i = 0; i < d; ++i) acc += qg[i] * row_f[i];
+                    dots[g] = sc*acc + ln;
+                }
+                for (int64_t g = 0; g < group; ++g) {                        /* running logsumexp per head */
+                    if (b == 0) {
+                        top[g] = dots[g];
+                        sum[g] = 1.0f;
+                    } else if (dots[g] > top[g]) {
+                        sum[g] = sum[g]*expf(top[g] - dots[g]) + 1.0f;
+                        top[g] = dots[g];
+                    } else {
+                        sum[g] += expf(dots[g] - top[g]);
+                    }
+                }
+            }
+            for (int64_t g = 0; g < group; ++g) {
+                const float lse = top[g] + logf(sum[g]);
+                if ((kv == 0 && g == 0) || lse > best) best = lse;
+            }
+        }
+        out[s] = best;
+    }
+    return SEKV_N_OK;
+}

@@ -57,6 +57,14 @@ int32_t sekv_q4_to_f16(const uint8_t * codes, const uint16_t * params, int64_t n
  * (What the eviction baselines vote with: flash attention exposes no probabilities.) */
 int32_t sekv_attn_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, const uint16_t * k,
                        int64_t n, float * scratch, int64_t n_scratch, float * out);
+/* The index router's stage-1 proposal from its q8 block index, without widening the index first:
+ *   out[s] = max_h logsumexp_b (scale[kv, s, b] * (q[h] . codes[kv, s, b, :]) + logn[s, b]),  kv = h / (n_head / n_head_kv)
+ * q: f32 [n_head, d]; codes: int8 [n_head_kv, n_spans, n_blocks, d]; scale: f16 [n_head_kv, n_spans, n_blocks];
+ * logn: f32 [n_spans, n_blocks] (log tokens per block; -inf: a padding block, skipped); out: f32 [n_spans]. Every
+ * span's first block must be real (finite logn). Sizes are checked as in sekv_span_mass. */
+int32_t sekv_index_score(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
+                         int64_t n_blocks, const int8_t * codes, const uint16_t * scale, const float * logn,
+                         float * out);
 /* CDEF-END */
 
 #endif

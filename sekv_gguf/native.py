@@ -188,6 +188,30 @@ def span_mass(query: np.ndarray, table: SpanTable, subset: np.ndarray | None = N
     return out
 
 
+def index_score(query: np.ndarray, codes: np.ndarray, scale: np.ndarray, logn: np.ndarray) -> np.ndarray:
+    """float32 [n_spans]: the index router's stage-1 score, ``max_h logsumexp_b (scale * q_h · codes + logn)``, from
+    a q8 block index read as held: ``codes`` int8 [Hkv, S, B, d], ``scale`` f16 [Hkv, S, B], ``logn`` f32 [S, B]
+    (-inf: padding; each span's first block real); query f32 [n_head, d]."""
+    q = np.ascontiguousarray(query, dtype=np.float32)
+    c, sc, ln = (np.ascontiguousarray(a) for a in (codes, scale, logn))
+    if c.dtype != np.int8 or c.ndim != 4:
+        raise NativeError(f"index codes must be int8 [n_head_kv, n_spans, n_blocks, d], got {c.dtype} {c.shape}")
+    hkv, n_spans, n_blocks, d = c.shape
+    if sc.dtype != np.float16 or sc.shape != (hkv, n_spans, n_blocks):
+        raise NativeError(f"index scales must be float16 {(hkv, n_spans, n_blocks)}, got {sc.dtype} {sc.shape}")
+    if ln.dtype != np.float32 or ln.shape != (n_spans, n_blocks):
+        raise NativeError(f"block log sizes must be float32 {(n_spans, n_blocks)}, got {ln.dtype} {ln.shape}")
+    if q.ndim != 2 or q.shape[1] != d or q.shape[0] % hkv:
+        raise NativeError(f"query must be [n_head, {d}] with n_head a multiple of {hkv}, got {q.shape}")
+    out = np.empty(n_spans, dtype=np.float32)
+    if n_spans:
+        _check("index_score", lib.sekv_index_score(
+            _ptr("float *", q), q.shape[0], hkv, d, n_spans, n_blocks, ffi.cast("int8_t *", c.ctypes.data),
+            _ptr("uint16_t *", sc), _ptr("float *", ln), _ptr("float *", out)),
+            "each span needs a real first block")
+    return out
+
+
 def q8_to_f16(codes: np.ndarray, scale: np.ndarray, per_token: bool) -> np.ndarray:
     """f16 [n, Hkv, d] rows of int8 ``codes`` [n, Hkv, d] times ``scale``: f32 [Hkv, d] per channel, or [n, Hkv]
     per token (``per_token``)."""

@@ -204,7 +204,14 @@ class IndexRouter(TwoStageRouter):
     reads = frozenset({"blocks"})
 
     def propose(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
-        """Stage-1 scores [n_spans] from the block index."""
+        """Stage-1 scores [n_spans] from the block index (a q8 index is scored as held, in native code)."""
+        if store.q8_index:
+            return native.index_score(query, store.blocks[ikv], store.block_scale[ikv], store.block_logn)
+        return self.propose_widened(ikv, query, store)
+
+    @staticmethod
+    def propose_widened(ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
+        """``propose`` in numpy over the index widened to f32 (an f16 index; the reference of the native kernel)."""
         blocks = store.block_keys(ikv)                                    # [Hkv, S, B, d] f32
         n_head_kv, n_spans, n_blocks, d = blocks.shape
         q = _grouped(query, n_head_kv)                                    # [Hkv, G, d]

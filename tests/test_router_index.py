@@ -42,6 +42,40 @@ def test_one_token_blocks_estimate_exact_mass():
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("group", [1, 4])
+def test_native_index_score_equals_the_widened_index(group):
+    """The q8 index scored as held, in native code, gives the numpy score over the index widened to f32 (padding
+    blocks of short spans included), for a query head or a group of them per KV head."""
+    rng = np.random.default_rng(7)
+    cfg = SekvConfig(span_min=3, span_max=40, block_tokens=16)
+    store = _store(rng, 50, cfg)
+    assert np.isinf(store.block_logn).any() and store.q8_index
+    query = rng.standard_normal((2 * group, 16)).astype(np.float32)
+    got = IndexRouter().propose(0, query, store)
+    want = IndexRouter.propose_widened(0, query, store)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    assert got.dtype == np.float32 and got.shape == (50,)
+
+
+def test_native_index_score_refuses_bad_shapes():
+    cfg = SekvConfig(span_min=8, span_max=16)
+    store = _store(np.random.default_rng(0), 5, cfg)
+    q = np.zeros((4, 16), dtype=np.float32)
+    codes, scale, logn = store.blocks[0], store.block_scale[0], store.block_logn
+    with pytest.raises(native.NativeError, match="int8"):
+        native.index_score(q, codes.astype(np.float32), scale, logn)
+    with pytest.raises(native.NativeError, match="scales"):
+        native.index_score(q, codes, scale[:, :3], logn)
+    with pytest.raises(native.NativeError, match="log sizes"):
+        native.index_score(q, codes, scale, logn[:3])
+    with pytest.raises(native.NativeError, match="query"):
+        native.index_score(q[:3], codes, scale, logn)
+    padded = logn.copy()
+    padded[2, 0] = -np.inf
+    with pytest.raises(native.NativeError, match="real first block"):
+        native.index_score(q, codes, scale, padded)
+
+
 def test_blocks_cover_each_span_once():
     rng = np.random.default_rng(1)
     cfg = SekvConfig(span_min=5, span_max=40, block_tokens=16)

@@ -138,7 +138,7 @@ class SekvMemory:
         else:
             last = self.session.decode(tokens, logits="last")
             surp = np.full(len(tokens), fill, dtype=np.float32)
-            if self.prev_logits is not None:
+            if self.prev_logits is not None and self.segmenter.scored:  # a vocabulary-wide pass only where it is read
                 surp[0] = native.surprisal(self.prev_logits[None, :], tokens[:1])[0]
         if self.carry_signal is not None:  # the first token after a rollback: its surprisal from before
             surp[0], self.carry_signal = self.carry_signal, None

@@ -156,6 +156,28 @@ int main(void) {
     free(scr);
     free(raw); free(us); free(vt);
 
+    /* index score: 2 spans x 2 blocks, 1 KV head, 2 query heads, d = 4, exact-size buffers; span 1's second block
+     * is padding. Codes all 1, scale 1 (0x3c00), log sizes 0: each real block's logit is sum(q[h]). */
+    {
+        int8_t   * ic = xmalloc(2 * 2 * 4);
+        uint16_t * is = xmalloc(2 * 2 * sizeof(uint16_t));
+        float    * il = xmalloc(2 * 2 * sizeof(float));
+        float    * iq = xmalloc(2 * 4 * sizeof(float));
+        float    * io = xmalloc(2 * sizeof(float));
+        for (int i = 0; i < 16; ++i) ic[i] = 1;
+        for (int i = 0; i < 4; ++i) { is[i] = 0x3c00u; il[i] = 0.0f; }
+        il[3] = -INFINITY;
+        for (int i = 0; i < 8; ++i) iq[i] = i < 4 ? 0.25f : 0.5f;           /* head sums 1 and 2 */
+        EXPECT(sekv_index_score(iq, 2, 1, 4, 2, 2, ic, is, il, io) == SEKV_N_OK);
+        EXPECT(fabsf(io[0] - (2.0f + logf(2.0f))) < 1e-5f && fabsf(io[1] - 2.0f) < 1e-5f);
+        EXPECT(sekv_index_score(iq, 3, 2, 4, 2, 2, ic, is, il, io) == SEKV_N_ERR_SIZE);  /* heads not grouped */
+        EXPECT(sekv_index_score(iq, 2, 1, 4, 2, 0, ic, is, il, io) == SEKV_N_ERR_SIZE);  /* no blocks */
+        EXPECT(sekv_index_score(iq, 2, 1, 4, 2, 2, ic, NULL, il, io) == SEKV_N_ERR_NULL);
+        il[0] = -INFINITY;                                                     /* span 0 without a real block */
+        EXPECT(sekv_index_score(iq, 2, 1, 4, 2, 2, ic, is, il, io) == SEKV_N_ERR_SIZE);
+        free(ic); free(is); free(il); free(iq); free(io);
+    }
+
     free(f); free(h2);
     if (failures) {
         fprintf(stderr, "%d checks failed\n", failures);
