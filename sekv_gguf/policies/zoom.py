@@ -20,6 +20,20 @@ from ..spans import Span
 NEG_INF = float("-inf")
 
 
+def choose_fitting(scores: np.ndarray, lengths: np.ndarray, capacity: int) -> list[int]:
+    """Span ids in descending score (ties: lower id first) that fit ``capacity`` token rows together; a span that
+    does not fit is skipped, and the scan stops once not even the shortest span would fit."""
+    chosen, used = [], 0
+    shortest = int(lengths.min(initial=0))
+    for sid in np.argsort(-scores, kind="stable"):
+        if used + lengths[sid] <= capacity:
+            chosen.append(int(sid))
+            used += int(lengths[sid])
+            if capacity - used < shortest:
+                break
+    return chosen
+
+
 class ZoomSlots:
     """``n_zoom`` cells claimed at position 0 (``claim``); per layer: span id -> slot indices, and each resident
     span's last choice (decode step)."""
@@ -130,13 +144,8 @@ class ZoomSlots:
                     self.host_keys[ikv].pop(sid, None)
 
     def choose(self, scores: np.ndarray, lengths: np.ndarray) -> list[int]:
-        """Span ids in descending score that fit the slots together (a span that does not fit is skipped)."""
-        chosen, used = [], 0
-        for sid in np.argsort(-scores, kind="stable"):
-            if used + lengths[sid] <= self.n_zoom:
-                chosen.append(int(sid))
-                used += int(lengths[sid])
-        return chosen
+        """Span ids in descending score that fit the slots together (``choose_fitting``)."""
+        return choose_fitting(scores, lengths, self.n_zoom)
 
     def zoom(self, ikv: int, chosen: list[int], spans: list[Span], step: int, capped: bool = True) -> None:
         """Make layer ``ikv`` hold the ``chosen`` spans (score order): those resident stay, new ones are rebuilt
