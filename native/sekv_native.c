@@ -344,7 +344,6 @@ int32_t sekv_index_score(const float * q, int64_t n_head, int64_t n_head_kv, int
     if (q == NULL || codes == NULL || scale == NULL || logn == NULL || out == NULL) return SEKV_N_ERR_NULL;
     sekv_h2f_init();
     const int64_t group = n_head / n_head_kv;
-    float dots[SEKV_MAX_HEADS];
     float top[SEKV_MAX_HEADS];
     float sum[SEKV_MAX_HEADS];
     float row_f[SEKV_MAX_HEAD_DIM];
@@ -353,6 +352,7 @@ int32_t sekv_index_score(const float * q, int64_t n_head, int64_t n_head_kv, int
         float best = 0.0f;
         for (int64_t kv = 0; kv < n_head_kv; ++kv) {
             const float * qk = q + kv*group*d;
+            for (int64_t g = 0; g < group; ++g) sum[g] = 0.0f;               /* empty folds */
             for (int64_t b = 0; b < n_blocks; ++b) {
                 const float ln = logn[s*n_blocks + b];
                 if (sekv_is_neg_inf(ln)) continue;                             /* padding */
@@ -361,21 +361,7 @@ int32_t sekv_index_score(const float * q, int64_t n_head, int64_t n_head_kv, int
                 const float sc = sekv_h2f_table[scale[row]];
                 for (int64_t i = 0; i < d; ++i) row_f[i] = (float) c[i];      /* widened once for the group */
                 for (int64_t g = 0; g < group; ++g) {
-                    const float * qg = qk + g*d;
-                    float acc = 0.0f;
-                    for (int64_t i = 0; i < d; ++i) acc += qg[i] * row_f[i];
-                    dots[g] = sc*acc + ln;
-                }
-                for (int64_t g = 0; g < group; ++g) {                        /* running logsumexp per head */
-                    if (b == 0) {
-                        top[g] = dots[g];
-                        sum[g] = 1.0f;
-                    } else if (dots[g] > top[g]) {
-                        sum[g] = sum[g]*expf(top[g] - dots[g]) + 1.0f;
-                        top[g] = dots[g];
-                    } else {
-                        sum[g] += expf(dots[g] - top[g]);
-                    }
+                    sekv_lse_push(&top[g], &sum[g], sc*sekv_dot(qk + g*d, row_f, d) + ln);
                 }
             }
             for (int64_t g = 0; g < group; ++g) {
