@@ -261,6 +261,14 @@ class SekvConfig:
                                     "KV head)")
     index_format: str = setting("q8", 'how the routing index keeps its block keys: "q8" (int8 codes, an f16 scale per '
                                       'block and KV head: half the bytes) or "f16"', choices=INDEX_FORMATS)
+    prompt_reroute: bool = setting(
+        False, "after the tail refresh of a streamed prompt, route once more with the refreshed tail's query probes "
+               "(the question's own tokens, as SnapKV's observation window) and refresh the tail again if that "
+               "changed a zoom; off: the prompt's last query alone decides")
+    prompt_consensus: float = setting(
+        0.0, "share of the zoom slots that a prompt's routing gives, in every layer, to the spans that the most "
+             "layers rank among what they would zoom alone (a cross-layer vote; the rest: each layer's own best); "
+             "0: each layer alone")
     route_every: int = setting(4, "decode steps between routings (1: every step); zoomed spans stay resident between")
     max_new_zooms: int = setting(2, "most spans rebuilt per layer per decode step (the first routing after prefill "
                                     "has no limit); bounds the host->device traffic of a step, the zoom cache keeps "
@@ -330,6 +338,8 @@ class SekvConfig:
             raise ValueError(f"refresh_tokens must be >= 1, got {self.refresh_tokens}")
         if self.turn_tokens < 0:
             raise ValueError(f"turn_tokens must be >= 0, got {self.turn_tokens}")
+        if not 0 <= self.prompt_consensus <= 1:
+            raise ValueError(f"prompt_consensus must be in [0, 1], got {self.prompt_consensus}")
         for name in ("route_every", "max_new_zooms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

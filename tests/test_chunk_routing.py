@@ -141,3 +141,31 @@ def test_swa_ubatch_is_the_smallest_that_holds_the_redo():
         assert u >= least and swa_cache_cells(n_swa, u) >= n_swa + redo
         assert u == least or swa_cache_cells(n_swa, u - 1) < n_swa + redo
     assert swa_ubatch(512, 512, 256) == 257 and swa_cache_cells(512, 257) == 1024
+
+
+def test_prompt_consensus_and_reroute_options(llama_model):
+    """``prompt_consensus=1``: the prompt's routing gives every layer the same spans (the cross-layer vote's);
+    ``prompt_reroute``: a second prompt routing with the refreshed tail's probes, the tail refreshed again when it
+    changed a zoom. Off (the default): one prompt routing, each layer its own choice."""
+    toks = llama_model.tokenize(prose(4000, offset=1500).encode(), add_bos=True, special=False)[:900]
+    got = {}
+    for name, over in (("alone", {}), ("consensus", {"prompt_consensus": 1.0}), ("reroute", {"prompt_reroute": True})):
+        cfg = SekvConfig(prefill="streaming", chunk_probes=8, zoom_share=0.3, compress_when_fits=True, **over)
+        policy = make_policy("sekv", llama_model, len(toks) + 1, ContextConfig(flash_attn=False),
+                             BudgetConfig(kv_budget=400, chunk=128), cfg)
+        try:
+            logits = policy.prefill(toks)
+            mem = policy.memory
+            assert np.isfinite(logits).all() and len(mem.store) > 3
+            got[name] = ([set(r) for r in mem.zoom.resident], mem.counters.prompt.routes,
+                         mem.counters.refreshed_tokens, mem.zoom.changes)
+        finally:
+            policy.close()
+    layers, routes, _, _ = got["alone"]
+    assert routes == 1 and len({frozenset(s) for s in layers}) > 1  # the layers choose differently alone
+    layers, routes, _, _ = got["consensus"]
+    assert routes == 1 and len({frozenset(s) for s in layers}) == 1 and layers[0]
+    _, routes, refreshed, changes = got["reroute"]
+    _, _, refreshed_alone, changes_alone = got["alone"]
+    # the first routing is the same; the second changed zooms here, so the tail was decoded once more
+    assert routes == 2 and changes > changes_alone and refreshed > refreshed_alone > 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sekv_gguf.policies.zoom import choose_fitting
+from sekv_gguf.policies.zoom import choose_consensus, choose_fitting
 
 
 def _greedy(scores: np.ndarray, lengths: np.ndarray, capacity: int) -> list[int]:
@@ -34,3 +34,43 @@ def test_choice_is_the_plain_greedy_rule(seed):
 def test_no_spans_and_no_room():
     assert choose_fitting(np.zeros(0), np.zeros(0, dtype=np.int64), 100) == []
     assert choose_fitting(np.ones(3), np.array([5, 6, 7]), 4) == []
+
+
+def test_consensus_share_zero_is_each_layer_alone():
+    rng = np.random.default_rng(7)
+    scores = [rng.standard_normal(40) for _ in range(6)]
+    lengths = rng.integers(5, 30, 40)
+    got = choose_consensus(scores, lengths, 120, 0.0)
+    assert got == [choose_fitting(s, lengths, 120) for s in scores]
+
+
+def test_consensus_gives_every_layer_the_span_most_layers_rank_best():
+    """Span 3 is the best of 5 layers of 8 and ranks last in the other 3: with a consensus share it is zoomed in all
+    8; each layer still takes its own best in the rest, never over capacity, never a span twice."""
+    n_layer, n = 8, 30
+    rng = np.random.default_rng(1)
+    lengths = np.full(n, 10)
+    scores = [rng.standard_normal(n) for _ in range(n_layer)]
+    for layer, s in enumerate(scores):
+        s[3] = 10.0 if layer < 5 else -10.0
+    alone = [choose_fitting(s, lengths, 40) for s in scores]
+    assert sum(3 in c for c in alone) == 5
+    got = choose_consensus(scores, lengths, 40, 0.25)  # one span's rows of four
+    for layer, chosen in enumerate(got):
+        assert chosen[0] == 3 and len(set(chosen)) == len(chosen) and int(lengths[chosen].sum()) <= 40
+        own = [sid for sid in alone[layer] if sid != 3]
+        assert chosen[1:] == own[: len(chosen) - 1]  # the layer's own order fills the rest
+    assert all(len(c) == 4 for c in got)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_consensus_fits_the_slots(seed):
+    rng = np.random.default_rng(seed)
+    n_layer, n = int(rng.integers(1, 12)), int(rng.integers(1, 120))
+    lengths = rng.integers(1, 60, n)
+    capacity, share = int(rng.integers(0, 400)), float(rng.uniform(0, 1))
+    got = choose_consensus([rng.standard_normal(n) for _ in range(n_layer)], lengths, capacity, share)
+    common = set(got[0]).intersection(*map(set, got)) if got else set()
+    assert int(lengths[list(common)].sum()) <= capacity
+    for chosen in got:
+        assert len(set(chosen)) == len(chosen) and int(lengths[chosen].sum()) <= capacity

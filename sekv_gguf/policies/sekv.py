@@ -136,9 +136,30 @@ class SekvPolicy(Policy):
         if len(mem.store):
             changes = mem.zoom.changes
             self.routing.route(mem, kind="prompt")
-            if cfg.zoom_lag_refresh and mem.zoom.changes != changes:  # the tail saw other spans
-                logits = refresh_tail(mem, tokens, cfg.refresh_tokens if turn else self.tail_refresh)
+            reroute = cfg.prompt_reroute and not turn and mem.hook.query_probes > 1
+            if cfg.zoom_lag_refresh and (reroute or mem.zoom.changes != changes):  # the tail saw other spans
+                if reroute:
+                    logits = self._reroute_tail(tokens)
+                else:
+                    logits = refresh_tail(mem, tokens, cfg.refresh_tokens if turn else self.tail_refresh)
                 self.notify()
+        return logits
+
+    def _reroute_tail(self, tokens: list[int]) -> np.ndarray:
+        """``prompt_reroute``: the tail refresh with a query probe on (nearly) each of its tokens — the question's
+        own tokens, as SnapKV's observation window — then a routing by those probes, and the tail decoded once more
+        if that changed a zoom. The next token's logits."""
+        mem, hook, layer = self.memory, self.memory.hook, self.session.hook.layers[0]
+        probes = hook.query_probes
+        hook.set_query_probes(probes_that_fit(self.tail_refresh, layer.n_head, layer.n_head_kv, layer.head_dim_k))
+        try:
+            logits = refresh_tail(mem, tokens, self.tail_refresh)
+            changes = mem.zoom.changes
+            self.routing.route(mem, kind="prompt", probes=True)
+        finally:
+            hook.set_query_probes(probes)
+        if mem.zoom.changes != changes:
+            logits = refresh_tail(mem, tokens, self.tail_refresh)
         return logits
 
     def _decode_chunk(self, chunk: list[int], routed: bool, scored: bool, fill: float) -> np.ndarray:

@@ -14,9 +14,10 @@ import numpy as np
 
 from ..config import SekvConfig
 from ..errors import UnsupportedModelError
-from ..router import LowRankMassRouter, Router, probe_heads
+from ..router import LowRankMassRouter, Ranking, Router, probe_heads
 from ..span_store import single_threaded_blas
 from .sekv_memory import SekvMemory
+from .zoom import choose_consensus
 
 
 class SpanRouting:
@@ -34,17 +35,29 @@ class SpanRouting:
         return self.scan_router if scan else self.router
 
     @single_threaded_blas
-    def route(self, memory: SekvMemory, queries: list[np.ndarray] | None = None, kind: str = "step") -> None:
+    def route(self, memory: SekvMemory, queries: list[np.ndarray] | None = None, kind: str = "step",
+              probes: bool = False) -> None:
         """Zoom every layer of ``memory`` into the best-scoring spans for the captured (or given) queries
-        [n_head, head_dim] per layer."""
+        [n_head, head_dim] per layer (``probes``: every captured probe's, as a chunk's routing takes them). A
+        prompt's routing with ``prompt_consensus`` ranks every layer first and gives that share of the slots to
+        the spans most layers would zoom (``choose_consensus``)."""
         t0 = time.perf_counter()
         router, counts = self.router_for(kind), memory.counters.of(kind)
         memory.clock += 1
         self.count(memory, kind)
         rebuilt = memory.zoom.rebuilt_rows
-        for ikv in range(memory.store.n_layer):
-            query = self.query(memory, ikv, router, kind) if queries is None else queries[ikv]
-            self.route_layer(memory, ikv, query, router, kind)
+        layers = range(memory.store.n_layer)
+        asked = [self.query(memory, ikv, router, "chunk" if probes else kind) if queries is None else queries[ikv]
+                 for ikv in layers]
+        if kind == "prompt" and self.config.prompt_consensus > 0:
+            rankings = [self.ranking(memory, ikv, asked[ikv], router, kind) for ikv in layers]
+            chosen = choose_consensus([r.scores for r in rankings], memory.store.lengths, memory.zoom.capacity,
+                                      self.config.prompt_consensus)
+            for ikv in layers:
+                memory.zoom.zoom(ikv, chosen[ikv], memory.store.spans, memory.clock, capped=False)
+        else:
+            for ikv in layers:
+                self.route_layer(memory, ikv, asked[ikv], router, kind)
         counts.host_rows += memory.zoom.rebuilt_rows - rebuilt  # the new zooms' host rows
         memory.counters.zoom_s += time.perf_counter() - t0
 
@@ -56,6 +69,14 @@ class SpanRouting:
             return hook.query(ikv)
         return probe_heads(hook.queries(ikv), memory.store.n_head_kv)
 
+    def ranking(self, memory: SekvMemory, ikv: int, query: np.ndarray, router: Router, kind: str) -> Ranking:
+        """The router's ranking of the spans for layer ``ikv``'s query, its reads counted."""
+        ranking = router.rank(ikv, query, memory.store, memory.zoom)
+        counts = memory.counters.of(kind)
+        counts.host_rows += ranking.host_rows
+        counts.device_rows += ranking.device_rows
+        return ranking
+
     def count(self, memory: SekvMemory, kind: str) -> None:
         memory.counters.route_calls += 1
         memory.counters.of(kind).routes += 1
@@ -63,10 +84,7 @@ class SpanRouting:
     def route_layer(self, memory: SekvMemory, ikv: int, query: np.ndarray, router: Router, kind: str) -> None:
         """Rank the spans for layer ``ikv``'s query [n_head, head_dim] and zoom that layer into the best ones
         (only rows and bias of the layer change: safe inside a decode's layer callback)."""
-        ranking = router.rank(ikv, query, memory.store, memory.zoom)
-        counts = memory.counters.of(kind)
-        counts.host_rows += ranking.host_rows
-        counts.device_rows += ranking.device_rows
+        ranking = self.ranking(memory, ikv, query, router, kind)
         memory.zoom.zoom(ikv, memory.zoom.choose(ranking.scores, memory.store.lengths), memory.store.spans,
                          memory.clock, capped=kind != "prompt")
 

@@ -34,6 +34,30 @@ def choose_fitting(scores: np.ndarray, lengths: np.ndarray, capacity: int) -> li
     return chosen
 
 
+def choose_consensus(scores: list[np.ndarray], lengths: np.ndarray, capacity: int, share: float) -> list[list[int]]:
+    """Per layer, the spans to zoom when a ``share`` of the ``capacity`` rows goes to a cross-layer vote: each
+    layer's own choice (``choose_fitting`` of its scores [n_spans]) votes for its spans; the spans of the most votes
+    (ties: the higher summed rank score 1/(1+rank)) that fit ``share * capacity`` rows are zoomed in every layer,
+    each layer's best others fill the rest."""
+    n_layer, n_spans = len(scores), lengths.size
+    votes = np.zeros(n_spans, dtype=np.float64)   # [n_spans] layers whose own choice holds the span
+    rank_score = np.zeros(n_spans, dtype=np.float64)  # [n_spans] summed 1/(1+rank) over layers
+    for s in scores:
+        order = np.argsort(-s, kind="stable")
+        rank_score[order] += 1.0 / (1.0 + np.arange(n_spans))
+        votes[choose_fitting(s, lengths, capacity)] += 1.0
+    # votes first, the summed rank score breaks ties (it is < n_layer <= the gap between vote counts times n_layer)
+    common = choose_fitting(votes * (n_layer + 1) + rank_score, lengths, int(share * capacity)) if n_layer else []
+    used = int(lengths[common].sum()) if common else 0
+    out = []
+    for s in scores:
+        rest = s.astype(np.float64, copy=True)
+        rest[common] = -np.inf
+        own = [sid for sid in choose_fitting(rest, lengths, capacity - used) if np.isfinite(rest[sid])]
+        out.append(list(common) + own)
+    return out
+
+
 class ZoomSlots:
     """``n_zoom`` cells claimed at position 0 (``claim``); per layer: span id -> slot indices, and each resident
     span's last choice (decode step)."""
