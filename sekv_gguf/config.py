@@ -262,9 +262,10 @@ class SekvConfig:
     index_format: str = setting("q8", 'how the routing index keeps its block keys: "q8" (int8 codes, an f16 scale per '
                                       'block and KV head: half the bytes) or "f16"', choices=INDEX_FORMATS)
     prompt_reroute: bool = setting(
-        False, "after the tail refresh of a streamed prompt, route once more with the refreshed tail's query probes "
-               "(the question's own tokens, as SnapKV's observation window) and refresh the tail again if that "
-               "changed a zoom; off: the prompt's last query alone decides")
+        False, "the tail refresh of a streamed prompt captures a query probe on (nearly) each of its tokens, routes "
+               "once more by those probes (the question's own tokens, as SnapKV's observation window) and decodes "
+               "the tail again if that changed a zoom; off: the prompt's last query alone decides (measured on the "
+               "table task: docs/results.md)")
     prompt_consensus: float = setting(
         0.0, "share of the zoom slots that a prompt's routing gives, in every layer, to the spans that the most "
              "layers rank among what they would zoom alone (a cross-layer vote; the rest: each layer's own best); "

@@ -46,7 +46,7 @@ def choose_consensus(scores: list[np.ndarray], lengths: np.ndarray, capacity: in
         order = np.argsort(-s, kind="stable")
         rank_score[order] += 1.0 / (1.0 + np.arange(n_spans))
         votes[choose_fitting(s, lengths, capacity)] += 1.0
-    # votes first, the summed rank score breaks ties (it is < n_layer <= the gap between vote counts times n_layer)
+    # votes first; the summed rank score (at most n_layer, less than one vote's weight n_layer + 1) breaks ties
     common = choose_fitting(votes * (n_layer + 1) + rank_score, lengths, int(share * capacity)) if n_layer else []
     used = int(lengths[common].sum()) if common else 0
     out = []
