@@ -9,7 +9,8 @@ the most deviant spans); if only exact other rows do, the rows after it carry th
 
 Tasks with several inserted texts (variable tracking's chain, multi-key needles) count every inserted text as the
 needle; ``--model`` takes any GGUF (default: the embedded Gemma 3 270M), ``--sekv KEY=VALUE`` overrides the memory's
-configuration (e.g. ``step_routing=layer`` for a chain followed hop by hop while generating).
+configuration (e.g. ``step_routing=layer`` for a chain followed hop by hop while generating); ``--force`` zooms the
+needle's spans in every layer at the prompt's routing, so a loss the routing causes is set aside.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from sekv_gguf.ruler_tasks import PINNED_DEPTH_TASKS, TASKS, inserted_spans, mak
 from sekv_gguf.session import load_model
 from sekv_gguf.span_store import SpanStore
 from sekv_gguf.transfer import copy_swa_state
+from zoom_oracle import ForcedRouter
 
 TOP = 5
 # (needle rows, other spans' rows, resident rows, sliding-window cache) exact? The 2x2 of needle x rest, the rest split
@@ -44,7 +46,7 @@ VARIANTS = {"2x2": [(False, False, False, False), (False, True, True, True), (Tr
 
 def variant(model, streamed, full, tokens: list[int], needle: list[tuple[int, int]], cfg: SekvConfig,
             budget: BudgetConfig, ctx: ContextConfig, queries: list[np.ndarray], needle_exact: bool,
-            spans_exact: bool, resident_exact: bool, swa_exact: bool, n_predict: int) -> dict:
+            spans_exact: bool, resident_exact: bool, swa_exact: bool, n_predict: int, force: bool = False) -> dict:
     """The streamed memory with the chosen rows taken from the full pass (the needle's, the other spans', the
     resident tokens' and the sliding-window cache's); its answer."""
     policy = make_policy("sekv", model, len(tokens) + n_predict, ctx, budget, cfg)
@@ -90,6 +92,8 @@ def variant(model, streamed, full, tokens: list[int], needle: list[tuple[int, in
         if swa_exact and hook.info.is_iswa:
             copy_swa_state(full, policy.session)
         mem.swa_transferred = True  # a cache moved by the state API: only the last token is decoded again
+        if force:  # the needle's spans zoomed in every layer whatever the ranking (scripts/zoom_oracle.py)
+            policy.routing.scan_router = ForcedRouter(needle, set(range(store.n_layer)))
         policy.routing.route(mem, queries, kind="prompt")
         logits = refresh_tail(mem, tokens)
         p = np.exp(logits - logits.max())
@@ -121,6 +125,8 @@ def main() -> int:
     ap.add_argument("-n", "--n-predict", type=int, default=8)
     ap.add_argument("--variants", choices=list(VARIANTS), default="2x2",
                     help="2x2: needle x rest (and the rest split); resident: the resident rows and the SWA cache apart")
+    ap.add_argument("--force", action="store_true",
+                    help="zoom the needle's spans in every layer at the prompt's routing (a routing loss set aside)")
     ap.add_argument("--out", default="bench/prefill-oracle-28k.json")
     args = ap.parse_args()
     model = load_model(args.model or str(default_model_path()))
@@ -142,7 +148,7 @@ def main() -> int:
         try:
             for flags in VARIANTS[args.variants]:
                 row = variant(model, streamed, full.session, tokens, needle, cfg, budget, ctx, queries, *flags,
-                              args.n_predict)
+                              args.n_predict, args.force)
                 row["score"] = score(case, row["text"])
                 row["found"] = row["score"] > 0
                 rows.append(row)
