@@ -149,7 +149,8 @@ class SekvPolicy(Policy):
         """``prompt_reroute``: the tail refresh with a query probe on (nearly) each of its tokens — the question's
         own tokens, as SnapKV's observation window — then a routing by those probes, and the tail decoded once more
         if that changed a zoom. The next token's logits."""
-        mem, hook, layer = self.memory, self.memory.hook, self.session.hook.layers[0]
+        mem, hook = self.memory, self.memory.hook
+        layer = hook.layers[0]
         probes = hook.query_probes
         hook.set_query_probes(probes_that_fit(self.tail_refresh, layer.n_head, layer.n_head_kv, layer.head_dim_k))
         try:
