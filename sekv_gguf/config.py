@@ -270,6 +270,15 @@ class SekvConfig:
         0.0, "share of the zoom slots that a prompt's routing gives, in every layer, to the spans that the most "
              "layers rank among what they would zoom alone (a cross-layer vote; the rest: each layer's own best); "
              "0: each layer alone")
+    lexical_share: float = setting(
+        0.0, "share of every layer's zoom slots given to the spans that share rare token n-grams with the question "
+             "(the last lexical_cue tokens of a prompt or turn, and the tokens generated since): a key, an id or a "
+             "name the question repeats finds the span that holds it whatever the attention says; 0: off")
+    lexical_ngram: int = setting(2, "tokens per n-gram the lexical match (lexical_share) compares")
+    lexical_cue: int = setting(64, "how many of a prompt's or turn's last tokens are the lexical match's question "
+                                   "(and at most that many generated tokens after it)")
+    lexical_max_spans: int = setting(8, "an n-gram found in more spans than this is not rare: the lexical match "
+                                        "ignores it")
     route_every: int = setting(4, "decode steps between routings (1: every step); zoomed spans stay resident between")
     max_new_zooms: int = setting(2, "most spans rebuilt per layer per decode step (the first routing after prefill "
                                     "has no limit); bounds the host->device traffic of a step, the zoom cache keeps "
@@ -341,7 +350,11 @@ class SekvConfig:
             raise ValueError(f"turn_tokens must be >= 0, got {self.turn_tokens}")
         if not 0 <= self.prompt_consensus <= 1:
             raise ValueError(f"prompt_consensus must be in [0, 1], got {self.prompt_consensus}")
-        for name in ("route_every", "max_new_zooms"):
+        if not 0 <= self.lexical_share <= 1:
+            raise ValueError(f"lexical_share must be in [0, 1], got {self.lexical_share}")
+        if not 1 <= self.lexical_ngram <= 4:
+            raise ValueError(f"lexical_ngram must be in 1..4, got {self.lexical_ngram}")
+        for name in ("route_every", "max_new_zooms", "lexical_cue", "lexical_max_spans"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.energy_v is not None and not 0 < self.energy_v <= 1:

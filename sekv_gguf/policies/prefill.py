@@ -68,10 +68,11 @@ def wants_exact(memory: SekvMemory, tokens: list[int]) -> bool:
 
 
 def prefill_exact(memory: SekvMemory, routing: SpanRouting, done: ExactPass, tokens: list[int], owned: bool,
-                  on_compress: Callable[[], None]) -> np.ndarray:
+                  on_compress: Callable[[], None], on_placed: Callable[[], None] = lambda: None) -> np.ndarray:
     """Fill the empty ``memory`` from the full-attention pass ``done`` over ``tokens``: segment, copy the resident
-    tokens into the memory's context, compress the spans (``on_compress()`` first), close the pass when ``owned``;
-    route with the pass's last query; decode the tail again (``refresh_tail``). The logits of the next token."""
+    tokens into the memory's context, compress the spans (``on_compress()`` first, ``on_placed()`` after), close the
+    pass when ``owned``; route with the pass's last query; decode the tail again (``refresh_tail``). The logits of
+    the next token."""
     try:
         memory.transient_kv_bytes = full_kv_bytes(done.session, len(tokens), done.session.config.n_ubatch)
         memory.prev_logits = done.last_logits.copy()
@@ -81,6 +82,7 @@ def prefill_exact(memory: SekvMemory, routing: SpanRouting, done: ExactPass, tok
     finally:
         if owned:
             done.close()
+    on_placed()
     if len(memory.store):
         routing.route(memory, done.queries, kind="prompt")
     return refresh_tail(memory, tokens)  # also leaves the last token's logits in the memory's own context

@@ -82,11 +82,13 @@ class SpanRouting:
         memory.counters.of(kind).routes += 1
 
     def route_layer(self, memory: SekvMemory, ikv: int, query: np.ndarray, router: Router, kind: str) -> None:
-        """Rank the spans for layer ``ikv``'s query [n_head, head_dim] and zoom that layer into the best ones
-        (only rows and bias of the layer change: safe inside a decode's layer callback)."""
+        """Rank the spans for layer ``ikv``'s query [n_head, head_dim] and zoom that layer into the best ones, the
+        memory's lexical pins first but in a chunk's routing (only rows and bias of the layer change: safe inside a
+        decode's layer callback)."""
         ranking = self.ranking(memory, ikv, query, router, kind)
-        memory.zoom.zoom(ikv, memory.zoom.choose(ranking.scores, memory.store.lengths), memory.store.spans,
-                         memory.clock, capped=kind != "prompt")
+        pins = memory.pins if kind != "chunk" else []  # a streamed chunk's routing: no question yet
+        chosen = memory.zoom.choose(ranking.scores, memory.store.lengths, pins, self.config.lexical_share)
+        memory.zoom.zoom(ikv, chosen, memory.store.spans, memory.clock, capped=kind != "prompt")
 
     @single_threaded_blas
     def in_layers(self, memory: SekvMemory, decode: Callable[[], np.ndarray], kind: str) -> np.ndarray | None:

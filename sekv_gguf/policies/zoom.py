@@ -48,14 +48,27 @@ def choose_consensus(scores: list[np.ndarray], lengths: np.ndarray, capacity: in
         votes[choose_fitting(s, lengths, capacity)] += 1.0
     # votes first; the summed rank score (at most n_layer, less than one vote's weight n_layer + 1) breaks ties
     common = choose_fitting(votes * (n_layer + 1) + rank_score, lengths, int(share * capacity)) if n_layer else []
+    return [choose_around(common, s, lengths, capacity) for s in scores]
+
+
+def choose_around(common: list[int], scores: np.ndarray, lengths: np.ndarray, capacity: int) -> list[int]:
+    """``common`` (span ids that fit ``capacity`` together), then the best others by ``scores`` [n_spans] that fit
+    the rest (``choose_fitting``)."""
     used = int(lengths[common].sum()) if common else 0
-    out = []
-    for s in scores:
-        rest = s.astype(np.float64, copy=True)
-        rest[common] = -np.inf
-        own = [sid for sid in choose_fitting(rest, lengths, capacity - used) if np.isfinite(rest[sid])]
-        out.append(list(common) + own)
-    return out
+    rest = scores.astype(np.float64, copy=True)
+    rest[common] = -np.inf
+    return list(common) + [sid for sid in choose_fitting(rest, lengths, capacity - used) if np.isfinite(rest[sid])]
+
+
+def fit_in_order(sids: list[int], lengths: np.ndarray, capacity: int) -> list[int]:
+    """The spans of ``sids``, in their order, that fit ``capacity`` token rows together (one that does not fit is
+    skipped)."""
+    chosen, used = [], 0
+    for sid in sids:
+        if used + lengths[sid] <= capacity:
+            chosen.append(int(sid))
+            used += int(lengths[sid])
+    return chosen
 
 
 class ZoomSlots:
@@ -167,9 +180,12 @@ class ZoomSlots:
                 if self.host_keys[ikv] is not None:
                     self.host_keys[ikv].pop(sid, None)
 
-    def choose(self, scores: np.ndarray, lengths: np.ndarray) -> list[int]:
-        """Span ids in descending score that fit the slots together (``choose_fitting``)."""
-        return choose_fitting(scores, lengths, self.n_zoom)
+    def choose(self, scores: np.ndarray, lengths: np.ndarray, pins: list[int] = (), share: float = 0.0) -> list[int]:
+        """Span ids in descending score that fit the slots together (``choose_fitting``); with ``pins`` (span ids,
+        best first), those that fit ``share`` of the slots come first."""
+        if not len(pins) or share <= 0:
+            return choose_fitting(scores, lengths, self.n_zoom)
+        return choose_around(fit_in_order(pins, lengths, int(share * self.n_zoom)), scores, lengths, self.n_zoom)
 
     def zoom(self, ikv: int, chosen: list[int], spans: list[Span], step: int, capped: bool = True) -> None:
         """Make layer ``ikv`` hold the ``chosen`` spans (score order): those resident stay, new ones are rebuilt

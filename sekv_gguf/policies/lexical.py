@@ -1,0 +1,80 @@
+"""Lexical pins: the spans that share rare token n-grams with the question (``SekvConfig.lexical_share``).
+
+A question that names a key, an id or a variable ("the code in the row whose id is KXQRM") repeats tokens of the
+one span that holds the answer; attention at span granularity may rank that span low in most layers (a table of
+near-identical rows, a chain of assignments), while an exact match of its rare tokens finds it at once. Per span,
+the score is the sum over the question's distinct n-grams found in it of ``log(1 + n_spans / df)`` (``df``: the
+spans holding that n-gram), n-grams in more than ``lexical_max_spans`` spans ignored; the pins are the spans of a
+positive score, best first. They take ``lexical_share`` of every layer's zoom slots before the router's ranking
+fills the rest (``zoom.choose_pinned``). Costs one pass over the memory's token ids per routing, no host rows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import SekvConfig
+from ..spans import Span
+
+HASH_MULT = np.uint64(0x9E3779B97F4A7C15)  # an odd 64-bit multiplier (Fibonacci hashing) to combine token ids
+
+
+def ngram_keys(tokens: np.ndarray, n: int) -> np.ndarray:
+    """uint64 [len(tokens) - n + 1]: one key per n-gram starting at each position (equal n-grams, equal keys)."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    m = tokens.size - n + 1
+    if m <= 0:
+        return np.zeros(0, dtype=np.uint64)
+    keys = np.zeros(m, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(n):  # keys = (keys * C + token + 1) mod 2^64
+            keys = keys * HASH_MULT + (tokens[j:j + m].astype(np.uint64) + np.uint64(1))
+    return keys
+
+
+def span_of_positions(spans: list[Span], n: int) -> np.ndarray:
+    """int64 [n]: the id of the span holding each position below ``n``, -1 for positions no span holds (sinks,
+    anchors, the window)."""
+    owner = np.full(n, -1, dtype=np.int64)
+    for span in spans:
+        pos = span.positions[span.positions < n]
+        owner[pos] = span.id
+    return owner
+
+
+def cue_positions(n_tokens: int, cue_from: int, cue: int) -> np.ndarray:
+    """int64: the positions of the question: ``cue`` tokens from ``cue_from`` and the last ``cue`` tokens after
+    them (tokens generated since the question)."""
+    head = np.arange(cue_from, min(cue_from + cue, n_tokens))
+    tail = np.arange(max(cue_from + cue, n_tokens - cue), n_tokens)
+    return np.concatenate([head, tail]).astype(np.int64)
+
+
+def lexical_scores(tokens: np.ndarray, spans: list[Span], cue_from: int, config: SekvConfig) -> np.ndarray:
+    """f64 [n_spans]: each span's lexical match with the question (see the module docstring); ``tokens`` int [n]:
+    every token of the memory in position order; the question starts at position ``cue_from``."""
+    n_spans = len(spans)
+    scores = np.zeros(n_spans, dtype=np.float64)
+    tokens = np.asarray(tokens, dtype=np.int64)
+    n = config.lexical_ngram
+    if not n_spans or tokens.size < n:
+        return scores
+    cue = tokens[cue_positions(tokens.size, cue_from, config.lexical_cue)]
+    cue_keys = np.unique(ngram_keys(cue, n))                  # [k] the question's n-grams
+    keys = ngram_keys(tokens, n)                              # [m] every n-gram of the memory
+    owner = span_of_positions(spans, tokens.size)[:keys.size]  # [m] the span of each n-gram's first token
+    hit = (owner >= 0) & np.isin(keys, cue_keys)
+    if not hit.any():
+        return scores
+    pairs = np.unique(np.stack([keys[hit], owner[hit].astype(np.uint64)]), axis=1)  # [2, p] distinct (key, span)
+    _, inverse, df = np.unique(pairs[0], return_inverse=True, return_counts=True)   # spans per n-gram
+    df = df[inverse]                                                                 # [p]
+    rare = df <= config.lexical_max_spans
+    weight = np.log1p(n_spans / df[rare])
+    return np.bincount(pairs[1][rare].astype(np.int64), weights=weight, minlength=n_spans)
+
+
+def lexical_pins(tokens: np.ndarray, spans: list[Span], cue_from: int, config: SekvConfig) -> list[int]:
+    """Span ids of a positive lexical score, best first (ties: the lower id)."""
+    scores = lexical_scores(tokens, spans, cue_from, config)
+    order = np.argsort(-scores, kind="stable")
+    return [int(sid) for sid in order if scores[sid] > 0]

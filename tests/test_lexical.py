@@ -1,0 +1,98 @@
+"""Lexical pins (``lexical_share``): the spans that share rare token n-grams with the question take a share of every
+layer's zoom slots before the router's ranking fills the rest, and keep it while the answer is generated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers import prose
+from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
+from sekv_gguf.engine import make_policy
+from sekv_gguf.policies.lexical import cue_positions, lexical_pins, lexical_scores, ngram_keys, span_of_positions
+from sekv_gguf.policies.zoom import choose_around, fit_in_order
+from sekv_gguf.spans import Span
+
+
+def _spans(bounds: list[tuple[int, int]]) -> list[Span]:
+    return [Span(i, np.arange(a, b, dtype=np.int32)) for i, (a, b) in enumerate(bounds)]
+
+
+def test_ngram_keys_equal_exactly_for_equal_ngrams():
+    toks = np.array([5, 7, 9, 5, 7, 8, 7, 5])
+    keys = ngram_keys(toks, 2)
+    assert keys.size == 7 and keys.dtype == np.uint64
+    assert keys[0] == keys[3]                          # (5, 7) twice
+    assert len(set(keys.tolist())) == 6                # every other bigram distinct, (7, 5) != (5, 7)
+    assert ngram_keys(toks, 9).size == 0
+    assert np.array_equal(np.unique(ngram_keys(toks, 1)).size, 4)
+
+
+def test_cue_positions_hold_the_question_and_the_latest_generated_tokens():
+    assert cue_positions(100, 90, 64).tolist() == list(range(90, 100))
+    got = cue_positions(300, 90, 16)  # a question of 16 tokens, then 194 generated: the last 16 of them
+    assert got.tolist() == list(range(90, 106)) + list(range(284, 300))
+
+
+def test_scores_weigh_rare_ngrams_and_ignore_common_ones():
+    cfg = SekvConfig(lexical_ngram=2, lexical_cue=6, lexical_max_spans=2)
+    rng = np.random.default_rng(0)
+    toks = rng.integers(100, 1000, size=120)
+    toks[20:22] = [1, 2]                   # the question's rare bigram, in span 1 only
+    for at in (5, 45, 65, 85):             # a common bigram, in four spans (> lexical_max_spans)
+        toks[at:at + 2] = [3, 4]
+    toks[70:72] = [9, 9]                   # a bigram in two spans (= the cap): counted, less than the rare one
+    toks[90:92] = [9, 9]
+    toks[113:119] = [3, 4, 1, 2, 9, 9]     # the question: its positions (the window) are held by no span
+    spans = _spans([(0, 20), (20, 40), (40, 60), (60, 80), (80, 100)])
+    owner = span_of_positions(spans, toks.size)
+    assert owner[19] == 0 and owner[20] == 1 and owner[100] == -1 and owner[119] == -1
+    scores = lexical_scores(toks, spans, 113, cfg)
+    assert scores[1] == pytest.approx(np.log1p(5 / 1))
+    assert scores[3] == scores[4] == pytest.approx(np.log1p(5 / 2))
+    assert scores[0] == scores[2] == 0.0   # the common bigram alone
+    assert lexical_pins(toks, spans, 113, cfg) == [1, 3, 4]
+    assert lexical_pins(toks, spans, 0, SekvConfig(lexical_cue=1)) == []  # a one-token question has no bigram
+
+
+def test_pins_take_their_share_first_and_the_ranking_fills_the_rest():
+    lengths = np.array([10, 10, 30, 10, 10])
+    assert fit_in_order([2, 4, 0], lengths, 20) == [4, 0]  # span 2 does not fit the share: skipped
+    scores = np.array([5.0, 4.0, 3.0, 2.0, 1.0])
+    assert choose_around([4], scores, lengths, 30) == [4, 0, 1]
+
+
+def test_pinned_span_is_zoomed_in_every_layer_and_kept_while_decoding(llama_model):
+    """On the tiny llama model: a made-up key sits in the middle of a long prompt and the question at its end repeats
+    it; with ``lexical_share`` its span is zoomed in every layer after the prompt and stays through the decode steps'
+    routings (capped new zooms evict the least recently chosen, never a pin); without, the router alone decides."""
+    text = prose(4000, offset=700)
+    tokens = lambda s, bos=False: llama_model.tokenize(s.encode(), add_bos=bos, special=False)  # noqa: E731
+    before, after = tokens(text[:2000], True)[:350], tokens(text[2000:])[:350]
+    keyed = tokens(" QZXWV-7781-KPLM")
+    assert len(keyed) >= 3
+    at = len(before) + 1
+    toks = before + tokens(" key") + keyed + after + tokens(" Which key?") + keyed
+    key_at = set(range(at, at + len(keyed)))
+    got = {}
+    for share in (0.5, 0.0):
+        cfg = SekvConfig(prefill="streaming", zoom_share=0.3, compress_when_fits=True, lexical_share=share,
+                         route_every=1, max_new_zooms=1)
+        policy = make_policy("sekv", llama_model, len(toks) + 40, ContextConfig(flash_attn=False),
+                             BudgetConfig(kv_budget=300, chunk=128), cfg)
+        try:
+            logits = policy.prefill(toks)
+            mem = policy.memory
+            if share:
+                sid = mem.pins[0]  # the best match: a span holding (part of) the key
+                assert key_at & set(mem.store.spans[sid].positions.tolist()) and mem.cue_from == len(toks) - 64
+            held = [sid in r for r in mem.zoom.resident]
+            for _ in range(12):
+                logits = policy.step(int(np.argmax(logits)))
+            got[share] = (held, [sid in r for r in mem.zoom.resident], list(mem.pins))
+        finally:
+            policy.close()
+    held, kept, pins = got[0.5]
+    assert all(held) and all(kept) and pins[0] == sid
+    held, kept, pins = got[0.0]
+    assert pins == [] and not (all(held) and all(kept))  # the router alone does not keep it everywhere
