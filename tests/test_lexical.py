@@ -62,18 +62,23 @@ def test_pins_take_their_share_first_and_the_ranking_fills_the_rest():
     assert choose_around([4], scores, lengths, 30) == [4, 0, 1]
 
 
-def test_pinned_span_is_zoomed_in_every_layer_and_kept_while_decoding(llama_model):
-    """On the tiny llama model: a made-up key sits in the middle of a long prompt and the question at its end repeats
-    it; with ``lexical_share`` its span is zoomed in every layer after the prompt and stays through the decode steps'
-    routings (capped new zooms evict the least recently chosen, never a pin); without, the router alone decides."""
+def _keyed_prompt(model) -> tuple[list[int], list[int], set[int]]:
+    """Tokens of ~700 prose tokens with a made-up key in the middle, the key's tokens, and the key's positions."""
     text = prose(4000, offset=700)
-    tokens = lambda s, bos=False: llama_model.tokenize(s.encode(), add_bos=bos, special=False)  # noqa: E731
+    tokens = lambda s, bos=False: model.tokenize(s.encode(), add_bos=bos, special=False)  # noqa: E731
     before, after = tokens(text[:2000], True)[:350], tokens(text[2000:])[:350]
     keyed = tokens(" QZXWV-7781-KPLM")
     assert len(keyed) >= 3
     at = len(before) + 1
-    toks = before + tokens(" key") + keyed + after + tokens(" Which key?") + keyed
-    key_at = set(range(at, at + len(keyed)))
+    return before + tokens(" key") + keyed + after, keyed, set(range(at, at + len(keyed)))
+
+
+def test_pinned_span_is_zoomed_in_every_layer_and_kept_while_decoding(llama_model):
+    """On the tiny llama model: a made-up key sits in the middle of a long prompt and the question at its end repeats
+    it; with ``lexical_share`` its span is zoomed in every layer after the prompt and stays through the decode steps'
+    routings (capped new zooms evict the least recently chosen, never a pin); without, the router alone decides."""
+    doc, keyed, key_at = _keyed_prompt(llama_model)
+    toks = doc + llama_model.tokenize(b" Which key?", add_bos=False, special=False) + keyed
     got = {}
     for share in (0.5, 0.0):
         cfg = SekvConfig(prefill="streaming", zoom_share=0.3, compress_when_fits=True, lexical_share=share,
@@ -96,3 +101,24 @@ def test_pinned_span_is_zoomed_in_every_layer_and_kept_while_decoding(llama_mode
     assert all(held) and all(kept) and pins[0] == sid
     held, kept, pins = got[0.0]
     assert pins == [] and not (all(held) and all(kept))  # the router alone does not keep it everywhere
+
+
+def test_a_turn_sets_the_question_and_pins_its_match(llama_model):
+    """A document prefilled with no question, then a question as a turn (``turn_tokens``): the turn's tokens are the
+    question from then on and the key's span is zoomed in every layer by the turn's in-layer routing."""
+    doc, keyed, key_at = _keyed_prompt(llama_model)
+    turn = llama_model.tokenize(b" Which key?", add_bos=False, special=False) + keyed
+    cfg = SekvConfig(prefill="streaming", zoom_share=0.3, compress_when_fits=True, lexical_share=0.5)
+    policy = make_policy("sekv", llama_model, len(doc) + len(turn) + 8, ContextConfig(flash_attn=False),
+                         BudgetConfig(kv_budget=300, chunk=128), cfg)
+    try:
+        policy.prefill(doc)
+        mem = policy.memory
+        assert mem.cue_from == len(doc) - 64
+        policy.append(turn)
+        assert mem.counters.layer_routed_turns == 1 and mem.cue_from == len(doc) + len(turn) - 64
+        sid = mem.pins[0]
+        assert key_at & set(mem.store.spans[sid].positions.tolist())
+        assert all(sid in r for r in mem.zoom.resident)
+    finally:
+        policy.close()
