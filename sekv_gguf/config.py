@@ -272,11 +272,10 @@ class SekvConfig:
              "0: each layer alone")
     lexical_share: float = setting(
         0.0, "share of every layer's zoom slots given to the spans that share rare token n-grams with the question "
-             "(the last lexical_cue tokens of a prompt or turn, and the tokens generated since): a key, an id or a "
-             "name the question repeats finds the span that holds it whatever the attention says; 0: off")
+             "(the last lexical_cue tokens of a prompt or turn), held through the answer's decode steps: a key, an "
+             "id or a name the question repeats finds the span that holds it whatever the attention says; 0: off")
     lexical_ngram: int = setting(2, "tokens per n-gram the lexical match (lexical_share) compares")
-    lexical_cue: int = setting(64, "how many of a prompt's or turn's last tokens are the lexical match's question "
-                                   "(and at most that many generated tokens after it)")
+    lexical_cue: int = setting(64, "how many of a prompt's or turn's last tokens are the lexical match's question")
     lexical_max_spans: int = setting(8, "an n-gram found in more spans than this is not rare: the lexical match "
                                         "ignores it")
     route_every: int = setting(4, "decode steps between routings (1: every step); zoomed spans stay resident between")

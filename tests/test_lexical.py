@@ -9,7 +9,7 @@ import pytest
 from helpers import prose
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
-from sekv_gguf.policies.lexical import cue_positions, lexical_pins, lexical_scores, ngram_keys, span_of_positions
+from sekv_gguf.policies.lexical import lexical_pins, lexical_scores, ngram_keys, span_of_positions
 from sekv_gguf.policies.zoom import choose_around, fit_in_order
 from sekv_gguf.spans import Span
 
@@ -28,12 +28,6 @@ def test_ngram_keys_equal_exactly_for_equal_ngrams():
     assert np.array_equal(np.unique(ngram_keys(toks, 1)).size, 4)
 
 
-def test_cue_positions_hold_the_question_and_the_latest_generated_tokens():
-    assert cue_positions(100, 90, 64).tolist() == list(range(90, 100))
-    got = cue_positions(300, 90, 16)  # a question of 16 tokens, then 194 generated: the last 16 of them
-    assert got.tolist() == list(range(90, 106)) + list(range(284, 300))
-
-
 def test_scores_weigh_rare_ngrams_and_ignore_common_ones():
     cfg = SekvConfig(lexical_ngram=2, lexical_cue=6, lexical_max_spans=2)
     rng = np.random.default_rng(0)
@@ -43,16 +37,16 @@ def test_scores_weigh_rare_ngrams_and_ignore_common_ones():
         toks[at:at + 2] = [3, 4]
     toks[70:72] = [9, 9]                   # a bigram in two spans (= the cap): counted, less than the rare one
     toks[90:92] = [9, 9]
-    toks[113:119] = [3, 4, 1, 2, 9, 9]     # the question: its positions (the window) are held by no span
+    toks[114:120] = [3, 4, 1, 2, 9, 9]     # the question, the last 6 tokens: held by no span (the window)
     spans = _spans([(0, 20), (20, 40), (40, 60), (60, 80), (80, 100)])
     owner = span_of_positions(spans, toks.size)
     assert owner[19] == 0 and owner[20] == 1 and owner[100] == -1 and owner[119] == -1
-    scores = lexical_scores(toks, spans, 113, cfg)
+    scores = lexical_scores(toks, spans, cfg)
     assert scores[1] == pytest.approx(np.log1p(5 / 1))
     assert scores[3] == scores[4] == pytest.approx(np.log1p(5 / 2))
     assert scores[0] == scores[2] == 0.0   # the common bigram alone
-    assert lexical_pins(toks, spans, 113, cfg) == [1, 3, 4]
-    assert lexical_pins(toks, spans, 0, SekvConfig(lexical_cue=1)) == []  # a one-token question has no bigram
+    assert lexical_pins(toks, spans, cfg) == [1, 3, 4]
+    assert lexical_pins(toks, spans, SekvConfig(lexical_cue=1)) == []  # a one-token question has no bigram
 
 
 def test_pins_take_their_share_first_and_the_ranking_fills_the_rest():
@@ -90,7 +84,7 @@ def test_pinned_span_is_zoomed_in_every_layer_and_kept_while_decoding(llama_mode
             mem = policy.memory
             if share:
                 sid = mem.pins[0]  # the best match: a span holding (part of) the key
-                assert key_at & set(mem.store.spans[sid].positions.tolist()) and mem.cue_from == len(toks) - 64
+                assert key_at & set(mem.store.spans[sid].positions.tolist())
             held = [sid in r for r in mem.zoom.resident]
             for _ in range(12):
                 logits = policy.step(int(np.argmax(logits)))
@@ -104,8 +98,7 @@ def test_pinned_span_is_zoomed_in_every_layer_and_kept_while_decoding(llama_mode
 
 
 def test_a_turn_sets_the_question_and_pins_its_match(llama_model):
-    """A document prefilled with no question, then a question as a turn (``turn_tokens``): the turn's tokens are the
-    question from then on and the key's span is zoomed in every layer by the turn's in-layer routing."""
+    """A document prefilled with no question, then a question as a turn (``turn_tokens``): the key's span is pinned and zoomed in every layer by the turn's in-layer routing."""
     doc, keyed, key_at = _keyed_prompt(llama_model)
     turn = llama_model.tokenize(b" Which key?", add_bos=False, special=False) + keyed
     cfg = SekvConfig(prefill="streaming", zoom_share=0.3, compress_when_fits=True, lexical_share=0.5)
@@ -114,11 +107,11 @@ def test_a_turn_sets_the_question_and_pins_its_match(llama_model):
     try:
         policy.prefill(doc)
         mem = policy.memory
-        assert mem.cue_from == len(doc) - 64
+        before = list(mem.pins)  # the document's tail's matches
         policy.append(turn)
-        assert mem.counters.layer_routed_turns == 1 and mem.cue_from == len(doc) + len(turn) - 64
+        assert mem.counters.layer_routed_turns == 1
         sid = mem.pins[0]
-        assert key_at & set(mem.store.spans[sid].positions.tolist())
+        assert key_at & set(mem.store.spans[sid].positions.tolist()) and mem.pins != before
         assert all(sid in r for r in mem.zoom.resident)
     finally:
         policy.close()

@@ -123,7 +123,7 @@ class SekvPolicy(Policy):
             scored, fill = False, mem.segmenter.mean
         if turn and len(mem.store) and cfg.turn_routing == "layer" and self.routing.layer_callback:
             mem.make_room(len(tokens))
-            self._pin(tokens, question=True)
+            self._pin(tokens)
             logits = self.routing.in_layers(mem, lambda: mem.decode(tokens, scored, fill), "prompt")
             if logits is not None:
                 mem.counters.layer_routed_turns += 1
@@ -137,7 +137,7 @@ class SekvPolicy(Policy):
             self._chunk_done(c1)
         if len(mem.store):
             changes = mem.zoom.changes
-            self._pin(tokens, question=True)
+            self._pin(tokens)
             self.routing.route(mem, kind="prompt")
             reroute = cfg.prompt_reroute and not turn and mem.hook.query_probes > 1
             if cfg.zoom_lag_refresh and (reroute or mem.zoom.changes != changes):  # the tail saw other spans
@@ -148,17 +148,13 @@ class SekvPolicy(Policy):
                 self.notify()
         return logits
 
-    def _pin(self, incoming: list[int] = (), question: bool = False) -> None:
-        """``lexical_share``: the memory's lexical pins for the next routing, from every token (``self.tokens``,
-        then ``incoming`` not yet appended); ``question``: a prompt or turn ends with ``incoming``, its last
-        ``lexical_cue`` tokens are the question from now on."""
+    def _pin(self, incoming: list[int]) -> None:
+        """``lexical_share``: the memory's lexical pins for this prompt's or turn's routings and the decode steps
+        after it, from every token (``self.tokens``, then ``incoming``, the prompt or turn not yet appended)."""
         cfg, mem = self.config, self.memory
-        if cfg.lexical_share <= 0:
-            return
-        tokens = np.asarray(self.tokens + list(incoming), dtype=np.int64)  # [n] every token, in position order
-        if question:
-            mem.cue_from = max(0, tokens.size - cfg.lexical_cue)
-        mem.pins = lexical_pins(tokens, mem.store.spans, mem.cue_from, cfg)
+        if cfg.lexical_share > 0:
+            tokens = np.asarray(self.tokens + list(incoming), dtype=np.int64)  # [n] every token, in position order
+            mem.pins = lexical_pins(tokens, mem.store.spans, cfg)
 
     def _reroute_tail(self, tokens: list[int]) -> np.ndarray:
         """``prompt_reroute``: the tail refresh with a query probe on (nearly) each of its tokens — the question's
@@ -208,7 +204,7 @@ class SekvPolicy(Policy):
         make = lambda: exact_pass(self.model, self.ctx_config, chunk, tokens, on_chunk)  # noqa: E731
         done = make() if shared is None else shared.get(exact_key(tokens, chunk, self.ctx_config), self.model, make)
         logits = prefill_exact(self.memory, self.routing, done, tokens, owned=shared is None, on_compress=on_compress,
-                               on_placed=lambda: self._pin(tokens, question=True))
+                               on_placed=lambda: self._pin(tokens))
         self.notify()
         return logits
 
@@ -230,8 +226,6 @@ class SekvPolicy(Policy):
         mem = self.memory
         mem.steps += 1  # this step's number (what a routing in or after its decode records)
         due = mem.steps % self.config.route_every == 0
-        if due and len(mem.store):
-            self._pin()  # the question and the tokens generated since (``step`` appended the token)
         if due and len(mem.store) and self.config.step_routing == "layer" and self.routing.layer_callback:
             self.irreversible()
             logits = self.routing.in_layers(mem, lambda: mem.decode([token], scored=False), "step")
@@ -253,7 +247,7 @@ class SekvPolicy(Policy):
         b = truncate(self.memory, n)
         if b is None:
             return False
-        self.memory.pins = []  # they may name dropped spans; the next routing's question sets them again
+        self.memory.pins = [sid for sid in self.memory.pins if sid < len(self.memory.store)]  # the spans kept
         redo = self.tokens[b:n]
         self.discard_from(b)
         if redo:

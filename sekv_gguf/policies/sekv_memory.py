@@ -97,8 +97,7 @@ class SekvMemory:
         self.carry_signal: float | None = None  # the signal of the next token when its logits are gone (rollback)
         self.steps = 0
         self.clock = 0  # routings so far (prompt, chunk and step): what zooms are stamped with for the LRU
-        self.cue_from = 0  # position where the last prompt's or turn's question starts (lexical_cue tokens)
-        self.pins: list[int] = []  # span ids the question matches lexically, best first (lexical_share)
+        self.pins: list[int] = []  # span ids the last prompt or turn matches lexically, best first (lexical_share)
         self.swa_transferred = False  # the SWA cache came from another context (exact prefill)
         self.transient_kv_bytes = 0  # full KV of the temporary context of the last exact prefill (0: streamed)
         self.counters = RouteCounters()
@@ -283,7 +282,7 @@ class SekvMemory:
             "signal_log": self.signal_log, "sentence_end": self.sentence_end,
             "segmenter": self.segmenter.state(), "store": self.store.to_plain(), "zoom": self.zoom.to_plain(),
             "prev_logits": self.prev_logits, "carry_signal": self.carry_signal, "steps": self.steps,
-            "clock": self.clock, "cue_from": self.cue_from, "pins": list(self.pins),
+            "clock": self.clock, "pins": list(self.pins),
             "swa_transferred": self.swa_transferred,
             "transient_kv_bytes": self.transient_kv_bytes, "counters": asdict(self.counters),
         }
@@ -303,7 +302,7 @@ class SekvMemory:
         self.carry_signal = data["carry_signal"]
         self.steps, self.clock = int(data["steps"]), int(data["clock"])
         # (absent from the files of versions before lexical pins: no question seen)
-        self.cue_from, self.pins = int(data.get("cue_from", 0)), [int(s) for s in data.get("pins", [])]
+        self.pins = [int(s) for s in data.get("pins", [])]
         self.swa_transferred, self.transient_kv_bytes = bool(data["swa_transferred"]), int(data["transient_kv_bytes"])
         counters = dict(data["counters"])
         kinds = {k: RouteCounts(**counters.pop(k)) for k in ("prompt", "step", "chunk")}
