@@ -171,3 +171,12 @@ def test_sekv_overrides_parse_each_value_as_its_fields_type():
     assert SekvConfig(**got).chunk_routing == "none"
     with pytest.raises(ValueError, match="--sekv takes KEY=VALUE"):
         sekv_overrides(["no_such_key=1"])
+
+
+def test_run_lexical_share_flag(tiny_llama):
+    """``--lexical-share`` is run's flag with SekvConfig's default (off); a share outside [0, 1] is refused by
+    SekvConfig's own message."""
+    assert build_parser().parse_args(["run"]).lexical_share == 0.0
+    assert build_parser().parse_args(["run", "--lexical-share", "0.5"]).lexical_share == 0.5
+    r = _run("run", str(tiny_llama), "-p", "x", "-n", "2", "--lexical-share", "1.5")
+    assert r.returncode != 0 and "lexical_share must be in [0, 1], got 1.5" in r.stderr and r.stdout == ""

@@ -120,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     budget = BudgetConfig(kv_budget=kv_budget)
     params = (SekvConfig(prefill=args.prefill, chunk_routing=args.chunk_routing, chunk_probes=args.chunk_probes,
                          step_routing=args.step_routing, route_every=args.route_every, signal=args.signal,
-                         host_format=args.host_format)
+                         host_format=args.host_format, lexical_share=args.lexical_share)
               if args.policy == "sekv" else None)
     if args.adapter and args.policy != "sekv":
         raise ValueError(f"--adapter is a router for the sekv policy, not for {args.policy}")

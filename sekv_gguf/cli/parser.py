@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     option(run, SekvConfig, "chunk_probes")
     option(run, SekvConfig, "step_routing")
     option(run, SekvConfig, "route_every")
+    option(run, SekvConfig, "lexical_share")
     option(run, SekvConfig, "signal")
     option(run, SekvConfig, "host_format")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")
