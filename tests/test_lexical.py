@@ -49,6 +49,18 @@ def test_scores_weigh_rare_ngrams_and_ignore_common_ones():
     assert lexical_pins(toks, spans, SekvConfig(lexical_cue=1)) == []  # a one-token question has no bigram
 
 
+@pytest.mark.parametrize("bad, message", [
+    ({"lexical_share": 1.5}, "lexical_share must be in [0, 1], got 1.5"),
+    ({"lexical_ngram": 0}, "lexical_ngram must be in 1..4, got 0"),
+    ({"lexical_cue": 0}, "lexical_cue must be >= 1, got 0"),
+    ({"lexical_max_spans": 0}, "lexical_max_spans must be >= 1, got 0"),
+    ({"lexical_share": 0.5, "prompt_consensus": 0.5}, "set one of them to 0"),
+])
+def test_bad_lexical_settings_are_refused(bad, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        SekvConfig(**bad)
+
+
 def test_pins_take_their_share_first_and_the_ranking_fills_the_rest():
     lengths = np.array([10, 10, 30, 10, 10])
     assert fit_in_order([2, 4, 0], lengths, 20) == [4, 0]  # span 2 does not fit the share: skipped
