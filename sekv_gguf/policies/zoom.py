@@ -10,6 +10,7 @@ layer go out as one row write and one bias write per kind of change (new spans, 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -21,11 +22,17 @@ NEG_INF = float("-inf")
 
 
 def choose_fitting(scores: np.ndarray, lengths: np.ndarray, capacity: int) -> list[int]:
-    """Span ids in descending score (ties: lower id first) that fit ``capacity`` token rows together; a span that
-    does not fit is skipped, and the scan stops once not even the shortest span would fit."""
+    """Span ids in descending score (ties: lower id first) that fit ``capacity`` token rows together
+    (``fit_in_order``)."""
+    return fit_in_order(np.argsort(-scores, kind="stable"), lengths, capacity)
+
+
+def fit_in_order(sids: Iterable[int], lengths: np.ndarray, capacity: int) -> list[int]:
+    """The spans of ``sids``, in their order, that fit ``capacity`` token rows together: one that does not fit is
+    skipped, and the scan stops once not even the shortest span would fit."""
     chosen, used = [], 0
     shortest = int(lengths.min(initial=0))
-    for sid in np.argsort(-scores, kind="stable"):
+    for sid in sids:
         if used + lengths[sid] <= capacity:
             chosen.append(int(sid))
             used += int(lengths[sid])
@@ -58,17 +65,6 @@ def choose_around(common: list[int], scores: np.ndarray, lengths: np.ndarray, ca
     rest = scores.astype(np.float64, copy=True)
     rest[common] = -np.inf
     return list(common) + [sid for sid in choose_fitting(rest, lengths, capacity - used) if np.isfinite(rest[sid])]
-
-
-def fit_in_order(sids: list[int], lengths: np.ndarray, capacity: int) -> list[int]:
-    """The spans of ``sids``, in their order, that fit ``capacity`` token rows together (one that does not fit is
-    skipped)."""
-    chosen, used = [], 0
-    for sid in sids:
-        if used + lengths[sid] <= capacity:
-            chosen.append(int(sid))
-            used += int(lengths[sid])
-    return chosen
 
 
 class ZoomSlots:
