@@ -11,7 +11,7 @@ import pytest
 
 from helpers import prose
 from sekv_gguf.cli.parser import build_parser
-from sekv_gguf.config import round_cells
+from sekv_gguf.config import SekvConfig, round_cells
 from sekv_gguf.tiny_models import TinySpec, write_tiny_llama
 
 
@@ -176,7 +176,24 @@ def test_sekv_overrides_parse_each_value_as_its_fields_type():
 def test_run_lexical_share_flag(tiny_llama):
     """``--lexical-share`` is run's flag with SekvConfig's default (off); a share outside [0, 1] is refused by
     SekvConfig's own message."""
-    assert build_parser().parse_args(["run"]).lexical_share == 0.0
+    assert build_parser().parse_args(["run"]).lexical_share == SekvConfig.lexical_share
     assert build_parser().parse_args(["run", "--lexical-share", "0.5"]).lexical_share == 0.5
     r = _run("run", str(tiny_llama), "-p", "x", "-n", "2", "--lexical-share", "1.5")
     assert r.returncode != 0 and "lexical_share must be in [0, 1], got 1.5" in r.stderr and r.stdout == ""
+
+
+def test_serve_and_chat_lexical_share(tiny_llama):
+    """``serve`` and ``chat`` take ``--lexical-share`` (ServeConfig, SekvConfig's default) into the live memory's
+    SekvConfig; a share outside [0, 1] is refused by the settings."""
+    from sekv_gguf.serve import ServeConfig, load_llm
+
+    for command in ("serve", "chat"):
+        assert build_parser().parse_args([command]).lexical_share == SekvConfig.lexical_share
+        assert build_parser().parse_args([command, "--lexical-share", "0.5"]).lexical_share == 0.5
+    with pytest.raises(ValueError, match=r"lexical_share must be in \[0, 1\], got 1.5"):
+        ServeConfig(lexical_share=1.5)
+    llm = load_llm(ServeConfig(model=str(tiny_llama), n_ctx=512, kv_budget=256, lexical_share=0.5))
+    try:
+        assert llm.memories.live.config.lexical_share == 0.5
+    finally:
+        llm.close()

@@ -63,6 +63,25 @@ def test_consensus_gives_every_layer_the_span_most_layers_rank_best():
     assert all(len(c) == 4 for c in got)
 
 
+def test_consensus_after_pins():
+    """With ``first`` (the lexical pins) every layer starts with them, then the vote's spans (its own share, of
+    what the pins leave), then its own best; a pinned span is never voted in twice."""
+    n_layer, n = 6, 30
+    rng = np.random.default_rng(2)
+    lengths = np.full(n, 10)
+    scores = [rng.standard_normal(n) for _ in range(n_layer)]
+    for s in scores:
+        s[3] = 10.0
+    for first, share, n_common in (([7], 0.17, 2), ([7], 0.34, 3), ([7, 3], 0.17, 3), ([7, 11, 12, 13, 14], 0.5, 6)):
+        got = choose_consensus(scores, lengths, 60, share, first=first)  # the vote's share: 10 or 20 or 30 rows
+        common = got[0][:n_common]
+        assert common[: len(first)] == first and 3 in common
+        for s, chosen in zip(scores, got):
+            assert chosen[:n_common] == common and len(set(chosen)) == len(chosen) == 6
+            own = [int(sid) for sid in np.argsort(-s, kind="stable") if sid not in common]  # equal lengths
+            assert chosen[n_common:] == own[: 6 - n_common]
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_consensus_fits_the_slots(seed):
     rng = np.random.default_rng(seed)

@@ -40,7 +40,7 @@ class SpanRouting:
         """Zoom every layer of ``memory`` into the best-scoring spans for the captured (or given) queries
         [n_head, head_dim] per layer (``probes``: every captured probe's, as a chunk's routing takes them). A
         prompt's routing with ``prompt_consensus`` ranks every layer first and gives that share of the slots to
-        the spans most layers would zoom (``choose_consensus``)."""
+        the spans most layers would zoom (``choose_consensus``), after the lexical pins' share."""
         t0 = time.perf_counter()
         router, counts = self.router_for(kind), memory.counters.of(kind)
         memory.clock += 1
@@ -51,8 +51,9 @@ class SpanRouting:
                  for ikv in layers]
         if kind == "prompt" and self.config.prompt_consensus > 0:
             rankings = [self.ranking(memory, ikv, asked[ikv], router, kind) for ikv in layers]
+            first = memory.zoom.pinned(memory.pins, memory.store.lengths, self.config.lexical_share)
             chosen = choose_consensus([r.scores for r in rankings], memory.store.lengths, memory.zoom.capacity,
-                                      self.config.prompt_consensus)
+                                      self.config.prompt_consensus, first)
             for ikv in layers:
                 memory.zoom.zoom(ikv, chosen[ikv], memory.store.spans, memory.clock, capped=False)
         else:

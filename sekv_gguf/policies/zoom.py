@@ -41,11 +41,13 @@ def fit_in_order(sids: Iterable[int], lengths: np.ndarray, capacity: int) -> lis
     return chosen
 
 
-def choose_consensus(scores: list[np.ndarray], lengths: np.ndarray, capacity: int, share: float) -> list[list[int]]:
+def choose_consensus(scores: list[np.ndarray], lengths: np.ndarray, capacity: int, share: float,
+                     first: list[int] = ()) -> list[list[int]]:
     """Per layer, the spans to zoom when a ``share`` of the ``capacity`` rows goes to a cross-layer vote: each
     layer's own choice (``choose_fitting`` of its scores [n_spans]) votes for its spans; the spans of the most votes
     (ties: the higher summed rank score 1/(1+rank)) that fit ``share * capacity`` rows are zoomed in every layer,
-    each layer's best others fill the rest."""
+    each layer's best others fill the rest. ``first`` (span ids that fit ``capacity`` together: the lexical pins,
+    fitted to their own share) come before the vote's in every layer; the vote keeps its share of what they leave."""
     n_layer, n_spans = len(scores), lengths.size
     votes = np.zeros(n_spans, dtype=np.float64)   # [n_spans] layers whose own choice holds the span
     rank_score = np.zeros(n_spans, dtype=np.float64)  # [n_spans] summed 1/(1+rank) over layers
@@ -54,7 +56,10 @@ def choose_consensus(scores: list[np.ndarray], lengths: np.ndarray, capacity: in
         rank_score[order] += 1.0 / (1.0 + np.arange(n_spans))
         votes[choose_fitting(s, lengths, capacity)] += 1.0
     # votes first; the summed rank score (at most n_layer, less than one vote's weight n_layer + 1) breaks ties
-    common = choose_fitting(votes * (n_layer + 1) + rank_score, lengths, int(share * capacity)) if n_layer else []
+    vote = votes * (n_layer + 1) + rank_score
+    vote[list(first)] = -np.inf
+    room = min(int(share * capacity), capacity - int(lengths[list(first)].sum()))
+    common = list(first) + [sid for sid in choose_fitting(vote, lengths, room) if np.isfinite(vote[sid])]
     return [choose_around(common, s, lengths, capacity) for s in scores]
 
 
@@ -178,10 +183,14 @@ class ZoomSlots:
 
     def choose(self, scores: np.ndarray, lengths: np.ndarray, pins: list[int] = (), share: float = 0.0) -> list[int]:
         """Span ids in descending score that fit the slots together (``choose_fitting``); with ``pins`` (span ids,
-        best first), those that fit ``share`` of the slots come first."""
+        best first), those that fit ``share`` of the slots come first (``pinned``)."""
         if not len(pins) or share <= 0:
             return choose_fitting(scores, lengths, self.n_zoom)
-        return choose_around(fit_in_order(pins, lengths, int(share * self.n_zoom)), scores, lengths, self.n_zoom)
+        return choose_around(self.pinned(pins, lengths, share), scores, lengths, self.n_zoom)
+
+    def pinned(self, pins: list[int], lengths: np.ndarray, share: float) -> list[int]:
+        """The ``pins`` (span ids, best first) that fit ``share`` of the slots together, in their order."""
+        return fit_in_order(pins, lengths, int(share * self.n_zoom)) if share > 0 else []
 
     def zoom(self, ikv: int, chosen: list[int], spans: list[Span], step: int, capped: bool = True) -> None:
         """Make layer ``ikv`` hold the ``chosen`` spans (score order): those resident stay, new ones are rebuilt

@@ -4,6 +4,7 @@ until SIGTERM or Ctrl-C and close the model (``serve``)."""
 import signal
 from typing import Any, Callable
 
+from ..config import SekvConfig
 from ..memory import MemoryConfig
 from ..memory_dir import MemoryDirConfig
 from .app import create_app
@@ -18,7 +19,8 @@ def load_llm(cfg: ServeConfig) -> Any:
     path = cfg.model or str(default_chat_model_path())
     memory_dir = (MemoryDirConfig(path=cfg.memory_dir, max_bytes=cfg.memory_dir_bytes, mode=cfg.memory_mode)
                   if cfg.memory_dir else None)
-    return SekvLlama(path, policy=cfg.policy, kv_budget=cfg.kv_budget, n_ctx=cfg.n_ctx, prefill=cfg.prefill,
+    sekv = SekvConfig(prefill=cfg.prefill, lexical_share=cfg.lexical_share) if cfg.policy == "sekv" else None
+    return SekvLlama(path, policy=cfg.policy, kv_budget=cfg.kv_budget, n_ctx=cfg.n_ctx, sekv=sekv,
                      adapter=cfg.adapter, chat_format=cfg.chat_format, n_threads=cfg.threads or None,
                      memories=MemoryConfig(memories=cfg.memories), memory_dir=memory_dir, rpc_servers=cfg.rpc,
                      n_gpu_layers=cfg.n_gpu_layers, rpc_timeout_s=cfg.rpc_timeout, type_k=cfg.cache_type_k,

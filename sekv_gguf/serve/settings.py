@@ -28,6 +28,9 @@ class ServeConfig:
     n_ctx: int = setting(0, "logical context in tokens (0: the model's training context)")
     prefill: str = setting(SekvConfig.prefill, "prefill mode of sekv (SekvConfig.prefill)",
                            choices=("auto", "streaming", "exact"))
+    lexical_share: float = setting(SekvConfig.lexical_share, "share of sekv's zoom slots for the spans that share "
+                                                             "rare token n-grams with the question (SekvConfig."
+                                                             "lexical_share; 0: off)")
     adapter: str | None = setting(None, "trained router adapter for the sekv policy")
     chat_format: str | None = setting(None, "llama-cpp-python chat format for a GGUF without a chat template (e.g. "
                                             "gemma, chatml)")
@@ -63,6 +66,7 @@ class ServeConfig:
         if self.max_tokens < 1 or not 0 < self.port < 65536 or self.threads < 0 or self.memories < 1:
             raise ValueError(f"need max_tokens >= 1, a port in 1..65535, threads >= 0, memories >= 1; got {self}")
         BudgetConfig(kv_budget=self.kv_budget)  # validates
+        SekvConfig(prefill=self.prefill, lexical_share=self.lexical_share)  # validates
         for name in ("cache_type_k", "cache_type_v"):
             if getattr(self, name) not in KV_TYPES:
                 raise ValueError(f"{name} must be one of the K/V cache types {', '.join(KV_TYPES)}, got "
