@@ -351,10 +351,6 @@ class SekvConfig:
             raise ValueError(f"prompt_consensus must be in [0, 1], got {self.prompt_consensus}")
         if not 0 <= self.lexical_share <= 1:
             raise ValueError(f"lexical_share must be in [0, 1], got {self.lexical_share}")
-        if self.lexical_share + self.prompt_consensus > 1:
-            raise ValueError("lexical_share and prompt_consensus both claim a share of every layer's zoom slots at a "
-                             f"prompt's routing: together at most 1, got {self.lexical_share} + "
-                             f"{self.prompt_consensus}")
         if not 1 <= self.lexical_ngram <= 4:
             raise ValueError(f"lexical_ngram must be in 1..4, got {self.lexical_ngram}")
         for name in ("route_every", "max_new_zooms", "lexical_cue", "lexical_max_spans"):

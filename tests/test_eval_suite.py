@@ -34,6 +34,38 @@ def test_paired_differences_match_cases_and_carry_their_standard_error():
                                                              "n": 3})
 
 
+def test_a_sekv_variant_is_paired_with_the_sekv_runs_before_it():
+    """A ``--sekv-variant`` run is paired with the sekv runs that ran before it at its budget (not the other way
+    round), with full KV and the baselines; task scores by prompt, teacher-forced KL and top-1 by document."""
+    def row(policy, budget, seed, score):
+        return {"policy": policy, "budget": budget, "task": "niah_number", "haystack": "prose", "length": 1024,
+                "seed": seed, "depth": None, "score": score}
+
+    def fid(policy, budget, doc, kl, top1, corpus="prose"):
+        return {"policy": policy, "budget": budget, "length": 1024, "corpus": corpus, "doc": doc, "kl_mean": kl,
+                "top1_agreement": top1}
+
+    cases = [row("sekv", 0.1, s, x) for s, x in enumerate([1.0, 0.0, 0.0])]
+    cases += [row("sekv-x=1", 0.1, s, x) for s, x in enumerate([1.0, 1.0, 0.0])]
+    cases += [row("sekv-x=1", 0.2, s, 1.0) for s in range(3)]
+    paired = summarize(cases, [])["paired"]
+    assert set(paired) == {"sekv-x=1@0.1"} and set(paired["sekv-x=1@0.1"]) == {"sekv@0.1"}
+    d = np.array([0.0, 1.0, 0.0])
+    assert paired["sekv-x=1@0.1"]["sekv@0.1"] == pytest.approx({"diff": d.mean(), "se": d.std(ddof=1) / np.sqrt(3),
+                                                               "n": 3})
+    rows = [fid("full", None, 0, 0.0, 1.0), fid("sekv", 0.1, 0, 0.10, 0.90), fid("sekv", 0.1, 1, 0.20, 0.80)]
+    rows += [fid("sekv-x=1", 0.1, 0, 0.08, 0.92), fid("sekv-x=1", 0.1, 1, 0.14, 0.84)]
+    rows += [fid("snapkv", 0.1, 0, 0.30, 0.70), fid("sekv", 0.1, 0, 0.5, 0.5, corpus="code")]
+    pf = summarize([], rows)["paired_fidelity"]
+    assert set(pf) == {"prose"} and set(pf["prose"]) == {"sekv@0.1", "sekv-x=1@0.1"}  # code: one run alone
+    assert set(pf["prose"]["sekv@0.1"]) == {"snapkv@0.1"}                    # full KV's KL is 0 by definition
+    assert set(pf["prose"]["sekv-x=1@0.1"]) == {"sekv@0.1", "snapkv@0.1"}
+    got = pf["prose"]["sekv-x=1@0.1"]["sekv@0.1"]
+    assert got == pytest.approx({"kl_diff": -0.04, "kl_se": 0.02, "top1_diff": 0.03, "top1_se": 0.01, "n": 2})
+    assert pf["prose"]["sekv@0.1"]["snapkv@0.1"] == pytest.approx(
+        {"kl_diff": -0.2, "kl_se": 0.0, "top1_diff": 0.2, "top1_se": 0.0, "n": 1})
+
+
 def test_kl_is_zero_for_equal_and_positive_for_different():
     rng = np.random.default_rng(0)
     a = rng.standard_normal(100).astype(np.float32)
@@ -98,6 +130,7 @@ def test_suite_runs_every_policy_and_writes_json_and_plot(llama_model, tmp_path)
     assert doc["params"]["tasks"] == ["niah_number", "arithmetic"] and doc["commit"] and doc["machine"]["cpus"]
     assert path.with_suffix(".png").stat().st_size > 1000
     assert "| sekv@0.5 |" in table(doc) and "| sekv@0.5 | snapkv@0.5 |" in table(doc)  # the paired rows too
+    assert "| sekv@0.5 | snapkv@0.5 | prose |" in table(doc)  # and the paired fidelity rows
     # more policies added to the same file: the old runs stay, the summary covers both
     more = run_suite(llama_model, EvalConfig(policies=("chunkkv",), budgets=(0.5,), tasks=("niah_number", "arithmetic"),
                                              lengths=(1024,), haystacks=("prose",), n_predict=4, fidelity_docs=0),

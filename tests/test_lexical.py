@@ -56,7 +56,6 @@ def test_scores_weigh_rare_ngrams_and_ignore_common_ones():
     ({"lexical_ngram": 0}, "lexical_ngram must be in 1..4, got 0"),
     ({"lexical_cue": 0}, "lexical_cue must be >= 1, got 0"),
     ({"lexical_max_spans": 0}, "lexical_max_spans must be >= 1, got 0"),
-    ({"lexical_share": 0.5, "prompt_consensus": 0.75}, "together at most 1, got 0.5 + 0.75"),
 ])
 def test_bad_lexical_settings_are_refused(bad, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -119,4 +119,11 @@ def table(doc: dict[str, Any]) -> str:
         lines += ["", "| sekv run | against | score difference ± s.e. | cases |", "|---|---|---|---|"]
         lines += [f"| {k} | {o} | {d['diff']:+.2f} ± {d['se']:.2f} | {d['n']} |"
                   for k, against in paired.items() for o, d in against.items()]
+    paired_fid = doc["summary"].get("paired_fidelity", {})
+    if paired_fid:
+        lines += ["", "| sekv run | against | corpus | KL difference ± s.e. | top-1 difference ± s.e. | documents |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {k} | {o} | {corpus} | {d['kl_diff']:+.4f} ± {d['kl_se']:.4f} | "
+                  f"{d['top1_diff']:+.3f} ± {d['top1_se']:.3f} | {d['n']} |"
+                  for corpus, per in paired_fid.items() for k, against in per.items() for o, d in against.items()]
     return "\n".join(lines)

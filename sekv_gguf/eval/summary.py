@@ -1,5 +1,6 @@
 """What an evaluation's runs add up to: mean scores per policy@budget and task, paired differences of each sekv run
-against the others with their standard error, and pooled teacher-forced fidelity per corpus."""
+against the others with their standard error (task scores per prompt, teacher-forced KL and top-1 agreement per
+document), and pooled teacher-forced fidelity per corpus."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def summarize(cases: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> di
     acc: dict[str, dict[str, list[float]]] = {}
     for r in cases:
         acc.setdefault(key(r), {}).setdefault(r["task"], []).append(0.0 if r["score"] is None else r["score"])
-    out: dict[str, Any] = {"accuracy": {}, "fidelity": {}, "paired": _paired(cases, key)}
+    out: dict[str, Any] = {"accuracy": {}, "fidelity": {}, "paired": _paired(cases, key),
+                           "paired_fidelity": _paired_fidelity(fidelity, key)}
     for k, per_task in acc.items():
         out["accuracy"][k] = {t: float(np.mean(v)) for t, v in per_task.items()}
         out["accuracy"][k]["all"] = float(np.mean([x for v in per_task.values() for x in v]))
@@ -33,26 +35,70 @@ def summarize(cases: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> di
 
 
 def _paired(cases: list[dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> dict[str, dict[str, Any]]:
-    """Per sekv run (``key``: policy@budget) against full KV and every other policy at its budget: the mean score
-    difference over the cases both ran (the same prompt: task, haystack, length, seed, depth), its standard error
-    (the differences' sample standard deviation / sqrt(n); 0 with one case) and n — whether a difference exceeds
-    its standard error is what a grid can claim."""
+    """Per sekv run (``key``: policy@budget) against full KV, every other policy at its budget and every sekv run
+    before it at its budget (a ``--sekv-variant`` against the runs it varies): the mean score difference over the
+    cases both ran (the same prompt: task, haystack, length, seed, depth), its standard error (the differences'
+    sample standard deviation / sqrt(n); 0 with one case) and n — whether a difference exceeds its standard error is
+    what a grid can claim."""
     scores: dict[str, dict[tuple[Any, ...], float]] = {}
     for r in cases:
         if r["score"] is not None:
             prompt = (r["task"], r["haystack"], r["length"], r["seed"], r["depth"])
             scores.setdefault(key(r), {})[prompt] = r["score"]
     out: dict[str, dict[str, Any]] = {}
-    for k in (k for k in scores if k.startswith("sekv")):
-        budget = k.partition("@")[2]
-        for other in (o for o in scores if not o.startswith("sekv") and (o == "full" or o.partition("@")[2] == budget)):
-            both = sorted(set(scores[k]) & set(scores[other]), key=repr)
-            if not both:
-                continue
-            d = np.array([scores[k][c] - scores[other][c] for c in both])  # [n]
-            se = float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else 0.0
-            out.setdefault(k, {})[other] = {"diff": float(d.mean()), "se": se, "n": int(d.size)}
+    for k, other in _pairs(list(scores), with_full=True):
+        d = _difference(scores[k], scores[other])
+        if d is not None:
+            out.setdefault(k, {})[other] = {"diff": d[0], "se": d[1], "n": d[2]}
     return out
+
+
+def _paired_fidelity(fidelity: list[dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """Per corpus and sekv run, against every other policy and every earlier sekv run at its budget: the mean
+    teacher-forced KL difference and top-1 agreement difference over the documents both scored (length, document),
+    each with its standard error, and n."""
+    kl: dict[str, dict[str, dict[tuple[Any, ...], float]]] = {}
+    top1: dict[str, dict[str, dict[tuple[Any, ...], float]]] = {}
+    for r in fidelity:
+        if r.get("kl_mean") is not None:
+            corpus, doc = r.get("corpus", "prose"), (r["length"], r["doc"])
+            kl.setdefault(corpus, {}).setdefault(key(r), {})[doc] = r["kl_mean"]
+            top1.setdefault(corpus, {}).setdefault(key(r), {})[doc] = r["top1_agreement"]
+    out: dict[str, Any] = {}
+    for corpus, runs in kl.items():
+        for k, other in _pairs(list(runs), with_full=False):
+            d_kl = _difference(runs[k], runs[other])
+            d_top1 = _difference(top1[corpus][k], top1[corpus][other])
+            if d_kl is not None and d_top1 is not None:
+                out.setdefault(corpus, {}).setdefault(k, {})[other] = {
+                    "kl_diff": d_kl[0], "kl_se": d_kl[1], "top1_diff": d_top1[0], "top1_se": d_top1[1], "n": d_kl[2]}
+    return out
+
+
+def _pairs(runs: list[str], with_full: bool) -> list[tuple[str, str]]:
+    """(sekv run, the run it is compared with) for ``runs`` (policy@budget keys in the order they ran): every other
+    policy at the sekv run's budget, every sekv run before it at that budget, and full KV ``with_full``."""
+    out = []
+    for i, k in enumerate(runs):
+        if not k.startswith("sekv"):
+            continue
+        budget = k.partition("@")[2]
+        for j, other in enumerate(runs):
+            same_budget = "@" in other and other.partition("@")[2] == budget
+            if other == "full" and with_full or same_budget and (not other.startswith("sekv") or j < i):
+                out.append((k, other))
+    return out
+
+
+def _difference(a: dict[Any, float], b: dict[Any, float]) -> tuple[float, float, int] | None:
+    """The mean of a - b over their common keys, its standard error (ddof 1 / sqrt(n); 0 for one) and n; None
+    without common keys."""
+    both = sorted(set(a) & set(b), key=repr)
+    if not both:
+        return None
+    d = np.array([a[c] - b[c] for c in both])  # [n]
+    se = float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else 0.0
+    return float(d.mean()), se, int(d.size)
 
 
 def _pooled(rows: list[dict[str, Any]]) -> dict[str, float]:
