@@ -271,7 +271,7 @@ class SekvConfig:
              "layers rank among what they would zoom alone (a cross-layer vote; the rest: each layer's own best); "
              "0: each layer alone")
     lexical_share: float = setting(
-        0.0, "share of every layer's zoom slots given to the spans that share rare token n-grams with the question "
+        0.25, "share of every layer's zoom slots given to the spans that share rare token n-grams with the question "
              "(the last lexical_cue tokens of a prompt or turn), held through the answer's decode steps: a key, an "
              "id or a name the question repeats finds the span that holds it whatever the attention says; 0: off")
     lexical_ngram: int = setting(2, "tokens per n-gram the lexical match (lexical_share) compares")

@@ -45,6 +45,7 @@ class SekvStats:
     host_rows_read_per_chunk_route: float = 0.0  # per layer and chunk routing
     layer_routed_steps: int = 0                 # decode steps routed inside their own decode (step_routing="layer")
     layer_routed_turns: int = 0                 # turns routed inside their own decode (turn_routing="layer")
+    pinned_spans: int = 0                       # spans the last prompt's or turn's lexical pins name (lexical_share)
     # the hook's own transfers between host and device memory per decode step (rows, bias, query capture; 0 where
     # the cache is in host memory): bytes and calls host->device, device->host
     h2d_bytes_per_step: float = 0.0

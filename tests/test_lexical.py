@@ -102,6 +102,7 @@ def test_pinned_span_is_zoomed_in_every_layer_and_kept_while_decoding(llama_mode
             for _ in range(12):
                 logits = policy.step(int(np.argmax(logits)))
             got[share] = (held, [sid in r for r in mem.zoom.resident], list(mem.pins))
+            assert policy.stats().sekv.pinned_spans == len(mem.pins)
         finally:
             policy.close()
     held, kept, pins = got[0.5]

@@ -268,6 +268,7 @@ class SekvMemory:
             chunk_routes=counters.chunk.routes, refreshed_tokens=counters.refreshed_tokens,
             host_rows_read_per_chunk_route=per_layer(counters.chunk, counters.chunk.host_rows),
             layer_routed_steps=counters.layer_routed_steps, layer_routed_turns=counters.layer_routed_turns,
+            pinned_spans=len(self.pins),
             route_ms_per_step=1e3 * counters.step_route_s / max(self.steps, 1),
             **{f"{name}_per_step": n / max(counters.io_steps, 1) for name, n in
                zip(("h2d_bytes", "h2d_calls", "d2h_bytes", "d2h_calls"), counters.step_io)})
