@@ -278,6 +278,10 @@ class SekvConfig:
     lexical_cue: int = setting(64, "how many of a prompt's or turn's last tokens are the lexical match's question")
     lexical_max_spans: int = setting(8, "an n-gram found in more spans than this is not rare: the lexical match "
                                         "ignores it")
+    lexical_min_ratio: float = setting(
+        0.0, "the lexical pins keep only spans scoring at least this share of the best span's score (a question's "
+             "template words, shared by every same-shaped sentence, then pin only the one its key names); 0: every "
+             "positive score")
     route_every: int = setting(4, "decode steps between routings (1: every step); zoomed spans stay resident between")
     max_new_zooms: int = setting(2, "most spans rebuilt per layer per decode step (the first routing after prefill "
                                     "has no limit); bounds the host->device traffic of a step, the zoom cache keeps "
@@ -351,6 +355,8 @@ class SekvConfig:
             raise ValueError(f"prompt_consensus must be in [0, 1], got {self.prompt_consensus}")
         if not 0 <= self.lexical_share <= 1:
             raise ValueError(f"lexical_share must be in [0, 1], got {self.lexical_share}")
+        if not 0 <= self.lexical_min_ratio <= 1:
+            raise ValueError(f"lexical_min_ratio must be in [0, 1], got {self.lexical_min_ratio}")
         if not 1 <= self.lexical_ngram <= 4:
             raise ValueError(f"lexical_ngram must be in 1..4, got {self.lexical_ngram}")
         for name in ("route_every", "max_new_zooms", "lexical_cue", "lexical_max_spans"):

@@ -4,6 +4,7 @@ layer's zoom slots before the router's ranking fills the rest, and keep it while
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -49,11 +50,14 @@ def test_scores_weigh_rare_ngrams_and_ignore_common_ones():
     assert scores[0] == scores[2] == 0.0   # the common bigram alone
     assert lexical_pins(toks, spans, cfg) == [1, 3, 4]
     assert lexical_pins(toks, spans, SekvConfig(lexical_cue=1)) == []  # a one-token question has no bigram
+    assert lexical_pins(toks, spans, replace(cfg, lexical_min_ratio=0.5)) == [1, 3, 4]  # log(6/2) >= log(6) / 2
+    assert lexical_pins(toks, spans, replace(cfg, lexical_min_ratio=0.7)) == [1]
 
 
 @pytest.mark.parametrize("bad, message", [
     ({"lexical_share": 1.5}, "lexical_share must be in [0, 1], got 1.5"),
     ({"lexical_ngram": 0}, "lexical_ngram must be in 1..4, got 0"),
+    ({"lexical_min_ratio": -0.1}, "lexical_min_ratio must be in [0, 1], got -0.1"),
     ({"lexical_cue": 0}, "lexical_cue must be >= 1, got 0"),
     ({"lexical_max_spans": 0}, "lexical_max_spans must be >= 1, got 0"),
 ])
