@@ -84,8 +84,8 @@ SERVE_NO_FLAG = ("model", "shutdown_grace_s")
 
 
 # the ``ServeConfig`` fields ``chat`` takes as flags (besides the model)
-CHAT_FIELDS = ("policy", "kv_budget", "n_ctx", "prefill", "lexical_share", "adapter", "chat_format", "threads", "rpc", "n_gpu_layers",
-               "rpc_timeout", "cache_type_k", "cache_type_v", "max_tokens")
+CHAT_FIELDS = ("policy", "kv_budget", "n_ctx", "prefill", "lexical_share", "adapter", "chat_format", "threads", "rpc",
+               "n_gpu_layers", "rpc_timeout", "cache_type_k", "cache_type_v", "max_tokens")
 
 
 def serve_option(p: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
