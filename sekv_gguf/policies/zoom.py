@@ -56,10 +56,9 @@ def choose_consensus(scores: list[np.ndarray], lengths: np.ndarray, capacity: in
         rank_score[order] += 1.0 / (1.0 + np.arange(n_spans))
         votes[choose_fitting(s, lengths, capacity)] += 1.0
     # votes first; the summed rank score (at most n_layer, less than one vote's weight n_layer + 1) breaks ties
-    vote = votes * (n_layer + 1) + rank_score
-    vote[list(first)] = -np.inf
-    room = min(int(share * capacity), capacity - int(lengths[list(first)].sum()))
-    common = list(first) + [sid for sid in choose_fitting(vote, lengths, room) if np.isfinite(vote[sid])]
+    used = int(lengths[list(first)].sum())
+    common = choose_around(list(first), votes * (n_layer + 1) + rank_score, lengths,
+                           min(used + int(share * capacity), capacity))
     return [choose_around(common, s, lengths, capacity) for s in scores]
 
 
