@@ -2,7 +2,7 @@
 
 ``scripts/setup.sh`` applies ``patches/python/0001-server-kv-policy.patch`` to llama-cpp-python's server: its
 ``ModelSettings`` (the source of the server's flags and of each model entry of a ``--config_file``) gains
-``kv_policy``, ``kv_budget``, ``prefill``, ``memory_dir`` and ``memory_dir_bytes`` (``SEKV_SETTINGS``, all None by
+``kv_policy``, ``kv_budget``, ``prefill``, ``lexical_share``, ``memory_dir`` and ``memory_dir_bytes`` (``SEKV_SETTINGS``, all None by
 default: ``llama_cpp.Llama`` as before). With any of them set, the settings' validation calls ``check_settings``
 (a ``ValueError`` naming the first setting ``SekvLlama`` cannot honour, at start-up, for every model of a config
 file) and the model proxy loads the model with ``load_sekv_llama`` (on every swap back to it, too). Nothing here is
@@ -16,9 +16,12 @@ from typing import Any
 
 from .llm import SekvLlama
 from .memory_dir import MemoryDirConfig
+from .config import SekvConfig
 from .policies import POLICIES
 
-SEKV_SETTINGS = ("kv_policy", "kv_budget", "prefill", "memory_dir", "memory_dir_bytes")
+SEKV_SETTINGS = ("kv_policy", "kv_budget", "prefill", "lexical_share", "memory_dir", "memory_dir_bytes")
+# the SekvConfig fields among them (SeKV's parameters: only with kv_policy sekv)
+SEKV_CONFIG_SETTINGS = ("prefill", "lexical_share")
 
 # chat formats whose handlers llama-cpp-python's server builds itself: a CLIP model (refused by SekvLlama) or a
 # Hugging Face tokenizer (not wired here)
@@ -68,8 +71,11 @@ def check_settings(settings: Any) -> None:
         raise ValueError(f"kv_policy={settings.kv_policy!r} is not a KV policy; choose from {sorted(POLICIES)}")
     if settings.kv_budget is not None and not settings.kv_budget > 0:
         raise ValueError(f"kv_budget={settings.kv_budget!r}: device cells (> 1) or a fraction of n_ctx (0 < f <= 1)")
-    if settings.prefill is not None and settings.kv_policy != "sekv":
-        raise ValueError(f"prefill is SeKV's prefill mode: only for kv_policy sekv, not {settings.kv_policy}")
+    given_sekv = _given_sekv(settings)
+    if given_sekv and settings.kv_policy != "sekv":
+        raise ValueError(f"{next(iter(given_sekv))} is a parameter of SeKV: only for kv_policy sekv, not "
+                         f"{settings.kv_policy}")
+    _sekv_config(settings)  # SekvConfig's own checks (a prefill mode, lexical_share in [0, 1])
     if settings.memory_dir_bytes is not None and settings.memory_dir is None:
         raise ValueError("memory_dir_bytes caps memory_dir: set memory_dir too")
     if settings.memory_dir is not None:
@@ -88,6 +94,22 @@ def check_settings(settings: Any) -> None:
         raise _refuse("n_threads_batch", settings.n_threads_batch, "the policy's context uses n_threads for both")
     if settings.cache and settings.cache_type == "disk":
         raise _refuse("cache_type", "disk", "llama-cpp-python's disk cache pickles llama.cpp states; use memory_dir")
+
+
+def _given_sekv(settings: Any) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in SEKV_CONFIG_SETTINGS if getattr(settings, name) is not None}
+
+
+def _sekv_config(settings: Any) -> SekvConfig | None:
+    """The ``SekvConfig`` of the settings' SeKV parameters (``SEKV_CONFIG_SETTINGS``; the rest at its defaults), or
+    None when none is set."""
+    given = _given_sekv(settings)
+    if not given:
+        return None
+    try:
+        return SekvConfig(**given)
+    except ValueError as e:
+        raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in given.items())}: {e}") from None
 
 
 def _memory_dir(settings: Any) -> MemoryDirConfig:
@@ -151,8 +173,9 @@ def load_sekv_llama(settings: Any) -> SekvLlama:
         type_k=settings.type_k, type_v=settings.type_v, verbose=settings.verbose)
     if settings.kv_budget is not None:
         kwargs["kv_budget"] = settings.kv_budget
-    if settings.prefill is not None:
-        kwargs["prefill"] = settings.prefill
+    sekv = _sekv_config(settings)
+    if sekv is not None:
+        kwargs["sekv"] = sekv
     if settings.memory_dir is not None:
         kwargs["memory_dir"] = _memory_dir(settings)
     if "flash_attn" in given:  # llama-cpp-python's default is off, SekvLlama's on

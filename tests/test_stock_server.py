@@ -95,9 +95,31 @@ def test_patched_settings_keep_stock_defaults_and_refuse_what_sekv_cannot_honour
                        ({"kv_policy": "sekv", "chat_format": "llava-1-5"}, "chat_format='llava-1-5'"),
                        ({"kv_policy": "sekv", "cache": True, "cache_type": "disk"}, "use memory_dir"),
                        ({"kv_policy": "full", "prefill": "exact"}, "only for kv_policy sekv"),
+                       ({"kv_policy": "full", "lexical_share": 0.5}, "lexical_share is a parameter of SeKV"),
+                       ({"kv_policy": "sekv", "lexical_share": 1.5}, "lexical_share must be in [0, 1]"),
+                       ({"kv_policy": "sekv", "prefill": "fast"}, "prefill='fast'"),
+                       ({"lexical_share": 0.5}, "set kv_policy"),
                        ({"kv_policy": "sekv", "memory_dir_bytes": 10}, "set memory_dir too")]:
         with pytest.raises(ValidationError, match=re.escape(named)):
             ModelSettings(model="m.gguf", **bad)
+
+
+def test_sekv_parameters_reach_the_live_memory(tiny_llama):
+    """``prefill`` and ``lexical_share`` (SekvConfig's fields among the settings) become the loaded memory's
+    SekvConfig; unset, SekvConfig's defaults."""
+    from llama_cpp.server.settings import ModelSettings
+
+    from sekv_gguf.config import SekvConfig
+    from sekv_gguf.llama_server import load_sekv_llama
+
+    for extra, want in [({}, SekvConfig()), ({"lexical_share": 0.0}, SekvConfig(lexical_share=0.0)),
+                        ({"prefill": "exact", "lexical_share": 0.5}, SekvConfig(prefill="exact", lexical_share=0.5))]:
+        llm = load_sekv_llama(ModelSettings(model=str(tiny_llama), kv_policy="sekv", kv_budget=256, n_ctx=512,
+                                            verbose=False, **extra))
+        try:
+            assert llm.memories.live.config == want
+        finally:
+            llm.close()
 
 
 def test_without_the_settings_sekv_gguf_is_not_even_imported():
