@@ -57,18 +57,15 @@ def _paired_fidelity(fidelity: list[dict[str, Any]], key: Callable[[dict[str, An
     """Per corpus and sekv run, against every other policy and every earlier sekv run at its budget: the mean
     teacher-forced KL difference and top-1 agreement difference over the documents both scored (length, document),
     each with its standard error, and n."""
-    kl: dict[str, dict[str, dict[tuple[Any, ...], float]]] = {}
-    top1: dict[str, dict[str, dict[tuple[Any, ...], float]]] = {}
+    rows: dict[str, dict[str, dict[tuple[Any, ...], dict[str, Any]]]] = {}  # corpus -> run -> document -> row
     for r in fidelity:
         if r.get("kl_mean") is not None:
-            corpus, doc = r.get("corpus", "prose"), (r["length"], r["doc"])
-            kl.setdefault(corpus, {}).setdefault(key(r), {})[doc] = r["kl_mean"]
-            top1.setdefault(corpus, {}).setdefault(key(r), {})[doc] = r["top1_agreement"]
+            rows.setdefault(r.get("corpus", "prose"), {}).setdefault(key(r), {})[(r["length"], r["doc"])] = r
     out: dict[str, Any] = {}
-    for corpus, runs in kl.items():
+    for corpus, runs in rows.items():
         for k, other in _pairs(list(runs), with_full=False):
-            d_kl = _difference(runs[k], runs[other])
-            d_top1 = _difference(top1[corpus][k], top1[corpus][other])
+            d_kl, d_top1 = (_difference(*({doc: r[m] for doc, r in runs[x].items()} for x in (k, other)))
+                            for m in ("kl_mean", "top1_agreement"))
             if d_kl is not None and d_top1 is not None:
                 out.setdefault(corpus, {}).setdefault(k, {})[other] = {
                     "kl_diff": d_kl[0], "kl_se": d_kl[1], "top1_diff": d_top1[0], "top1_se": d_top1[1], "n": d_kl[2]}
