@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from helpers import prose
-from sekv_gguf.adapter import read_adapter
+from sekv_gguf.adapter import RouterAdapter, read_adapter
 from sekv_gguf.cli import main
 from sekv_gguf.config import BudgetConfig, SekvConfig
 from sekv_gguf.engine import make_policy
 from sekv_gguf.session import load_model
 from sekv_gguf.train.capture import CaptureConfig, capture
+from sekv_gguf.train.pipeline import MAX_PROJ_DIM, TrainRun, sized_proj_dim
 
 
 def _lse(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -62,6 +63,24 @@ def test_capture_cuts_the_spans_the_engine_cuts(tiny_llama):
         policy.close()
 
 
+def test_the_router_is_sized_within_its_share_of_the_model():
+    """proj_dim 0: the largest P <= MAX_PROJ_DIM whose adapter stays within max_param_share of the model (Qwen2.5-
+    Coder-1.5B's shape: 28 hooked layers x 12 heads x head_dim 128 of 1,777,088,000 parameters -> P 20, 0.049%;
+    Gemma 3 270M's 3 global layers x 4 heads x 256 -> the full 32); an explicit proj_dim is kept; a model too small
+    for even P = 1 is refused naming the sizes."""
+    auto = TrainRun()
+    assert sized_proj_dim(auto, 1_777_088_000, 28, 12, 128) == 20
+    cap = 0.0005 * 1_777_088_000
+    assert RouterAdapter.params_for(28, 12, 128, 20) <= cap < RouterAdapter.params_for(28, 12, 128, 21)
+    assert sized_proj_dim(auto, 268_098_176, 3, 4, 256) == MAX_PROJ_DIM
+    assert sized_proj_dim(TrainRun(max_param_share=0.01), 1_777_088_000, 28, 12, 16) == 16  # at most head_dim
+    assert sized_proj_dim(TrainRun(proj_dim=32), 1_777_088_000, 28, 12, 128) == 32
+    with pytest.raises(ValueError, match=r"184 parameters even at proj_dim 1, 0\.151% of the model's 121536"):
+        sized_proj_dim(auto, 121_536, 2, 4, 16)
+    with pytest.raises(ValueError, match="max_param_share"):
+        TrainRun(max_param_share=0)
+
+
 def test_train_command_writes_an_adapter_the_engine_uses(tiny_llama, tiny_gemma, tmp_path, capsys):
     out = tmp_path / "router.gguf"
     rc = main(["train", str(tiny_llama), "--docs", "2", "--tokens", "2048", "--epochs", "3", "--proj-dim", "8",
@@ -70,6 +89,8 @@ def test_train_command_writes_an_adapter_the_engine_uses(tiny_llama, tiny_gemma,
     summary = json.loads(capsys.readouterr().out)
     assert summary["param_share"] > 0 and summary["loss_after"] <= summary["loss_before"]
     adapter = read_adapter(out)
+    assert summary["proj_dim"] == 8 and summary["params"] == adapter.n_params == RouterAdapter.params_for(
+        len(adapter.layers), adapter.n_head, adapter.head_dim, 8)
     assert adapter.proj_dim == 8 and adapter.layers == [0, 1] and adapter.train["docs"] == 2
     # a rerun finds the captures and the finished checkpoint: no model work, same weights
     assert main(["train", str(tiny_llama), "--docs", "2", "--tokens", "2048", "--epochs", "3", "--proj-dim", "8",

@@ -54,6 +54,11 @@ class RouterAdapter:
     def n_params(self) -> int:
         return int(sum(x.size for group in (self.w, self.b, self.tau, self.theta) for x in group))
 
+    @staticmethod
+    def params_for(n_layers: int, n_head: int, head_dim: int, proj_dim: int) -> int:
+        """``n_params`` of an adapter of this shape: per hooked layer and query head W [P, d], b, tau and theta."""
+        return n_layers * n_head * (proj_dim * head_dim + 2 + N_FEATURES)
+
     @property
     def param_share(self) -> float:
         """Router parameters as a share of the base model's."""

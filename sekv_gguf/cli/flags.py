@@ -133,7 +133,10 @@ EVAL_FLAGS: dict[str, dict[str, Any]] = {
 # train's flags: every ``TrainRun`` field, with its help (TrainRun has no descriptions of its own)
 TRAIN_HELP = {"out": "adapter file to write", "docs": "training documents", "tokens": "tokens per document",
               "budget_weight": "weight of the loss's budget term (share of span tokens zoomed)",
-              "epochs": "passes over the documents per head", "proj_dim": "router projection size P", "seed": "",
+              "epochs": "passes over the documents per head",
+              "proj_dim": "router projection size P (0: the largest up to 32 within --max-param-share)",
+              "max_param_share": "the router's parameters as a share of the model's, at most (sizes P when "
+                                 "--proj-dim is 0)", "seed": "",
               "captures": "directory for the captured teacher data (default: under ~/.cache)",
               "threads": "llama.cpp threads (0: half the logical cores)",
               "embed": "also write a copy of the model that carries the router in its metadata (run, serve and "

@@ -31,7 +31,8 @@ class TrainRun:
     tokens: int = 4096
     budget_weight: float = 0.05  # weight of the loss's budget term (``LossWeights.budget``)
     epochs: int = 60
-    proj_dim: int = 32
+    proj_dim: int = 0  # 0: the largest P up to MAX_PROJ_DIM whose router stays within max_param_share of the model
+    max_param_share: float = 0.0005  # the router's parameters as a share of the model's, at most (proj_dim 0)
     seed: int = 0
     captures: str | None = None
     threads: int = 0
@@ -41,6 +42,29 @@ class TrainRun:
         if self.docs < 1 or self.tokens < 1024 or self.budget_weight < 0:
             raise ValueError(f"need docs >= 1, tokens >= 1024 and budget_weight >= 0, got {self.docs}, {self.tokens}, "
                              f"{self.budget_weight}")
+        if self.proj_dim < 0 or not 0 < self.max_param_share <= 1:
+            raise ValueError(f"need proj_dim >= 0 (0: sized by max_param_share) and 0 < max_param_share <= 1, got "
+                             f"{self.proj_dim}, {self.max_param_share}")
+
+
+MAX_PROJ_DIM = 32  # the largest router projection proj_dim 0 chooses
+
+
+def sized_proj_dim(run: TrainRun, n_model_params: int, n_layers: int, n_head: int, head_dim: int) -> int:
+    """``run.proj_dim``, or for 0 the largest P <= MAX_PROJ_DIM (and <= head_dim) whose adapter keeps within
+    ``run.max_param_share`` of the model's parameters; ``ValueError`` when even P = 1 does not."""
+    if run.proj_dim > 0:
+        return run.proj_dim
+    cap = run.max_param_share * n_model_params
+    fits = [p for p in range(1, min(MAX_PROJ_DIM, head_dim) + 1)
+            if RouterAdapter.params_for(n_layers, n_head, head_dim, p) <= cap]
+    if not fits:
+        smallest = RouterAdapter.params_for(n_layers, n_head, head_dim, 1)
+        raise ValueError(f"a router for this model ({n_layers} hooked layers x {n_head} heads x head_dim {head_dim}) "
+                         f"has {smallest} parameters even at proj_dim 1, {smallest / max(n_model_params, 1):.3%} of "
+                         f"the model's {n_model_params} (max_param_share {run.max_param_share:.3%}): give --proj-dim "
+                         f"or a larger --max-param-share")
+    return fits[-1]
 
 
 def train(model_path: str, run: TrainRun, progress: bool = True) -> dict[str, Any]:
@@ -50,6 +74,13 @@ def train(model_path: str, run: TrainRun, progress: bool = True) -> dict[str, An
     model = load_model(model_path, ctx_config)
     if run.tokens > model.n_ctx_train() > 0:
         raise ValueError(f"--tokens {run.tokens} exceeds the model's training context of {model.n_ctx_train()}")
+    # the hooked layers' shapes (the smallest cache), to size the router before any capture
+    probe = Session(model, ContextConfig(n_ctx=round_cells(1), n_threads=run.threads))
+    try:
+        layers, layer = list(probe.hook.model_layers), probe.hook.layers[0]
+    finally:
+        probe.close()
+    proj_dim = sized_proj_dim(run, ident.n_params, len(layers), layer.n_head, layer.head_dim_k)
     sekv, cap = SekvConfig(), CaptureConfig()
     key = hashlib.sha256(json.dumps([ident.tensor_hash, run.tokens, asdict(cap), asdict(sekv)]).encode()).hexdigest()
     cache = Path(run.captures) if run.captures else \
@@ -68,15 +99,10 @@ def train(model_path: str, run: TrainRun, progress: bool = True) -> dict[str, An
             f.with_suffix(".tmp.npz").rename(f)
         captures.append(dict(np.load(f)))
     capture_s = time.perf_counter() - t_cap
-    cfg = TrainConfig(proj_dim=run.proj_dim, epochs=run.epochs, seed=run.seed,
+    cfg = TrainConfig(proj_dim=proj_dim, epochs=run.epochs, seed=run.seed,
                       weights=LossWeights(budget=run.budget_weight))
     ck = cache / f"checkpoint-{hashlib.sha256(json.dumps(asdict(cfg), default=str).encode()).hexdigest()[:12]}.npz"
     result = fit(captures, cfg, checkpoint=ck, progress=progress)
-    probe = Session(model, ContextConfig(n_ctx=round_cells(1), n_threads=run.threads))  # smallest cache: layer shapes only
-    try:
-        layers, layer = list(probe.hook.model_layers), probe.hook.layers[0]
-    finally:
-        probe.close()
     adapter = RouterAdapter(
         base=ident, layers=layers, n_head=layer.n_head, n_head_kv=layer.n_head_kv, head_dim=layer.head_dim_k,
         proj_dim=result["proj_dim"], w=result["w"], b=result["b"], tau=result["tau"], theta=result["theta"],
@@ -88,6 +114,7 @@ def train(model_path: str, run: TrainRun, progress: bool = True) -> dict[str, An
     write_adapter(run.out, adapter)
     if run.embed:
         embed_adapter(model_path, adapter, run.embed)
-    return {"adapter": run.out, "embedded": run.embed, "params": adapter.n_params, "param_share": adapter.param_share,
+    return {"adapter": run.out, "embedded": run.embed, "proj_dim": adapter.proj_dim, "params": adapter.n_params,
+            "param_share": adapter.param_share,
             "loss_before": result["loss_before"], "loss_after": result["loss_after"], "capture_s": capture_s,
             "train_s": result["train_s"], "total_s": time.perf_counter() - t0, "captures": str(cache)}
