@@ -61,7 +61,7 @@ def run(model, doc: list[int], turns: list[tuple[list[int], str]], spans_of: lis
                 zoom = memory.zoom
                 choose = zoom.choose.__func__
 
-                def chooser(scores, lengths, _self=zoom, _asked=asked):
+                def chooser(scores, lengths, pins=(), share=0.0, _self=zoom, _asked=asked):
                     scores = np.asarray(scores, dtype=np.float64).copy()  # [n_spans]
                     order = list(np.argsort(-scores, kind="stable"))
                     ikv = len(ranks)
@@ -72,7 +72,8 @@ def run(model, doc: list[int], turns: list[tuple[list[int], str]], spans_of: lis
                         for j, sp in enumerate(ids):
                             if j != _asked:
                                 scores[sp] = -np.inf
-                    return choose(_self, scores, lengths)
+                                pins = [p for p in pins if p not in sp]  # the lexical pins keep them out too
+                    return choose(_self, scores, lengths, pins, share)
 
                 zoom.choose = chooser
             logits = policy.append(question)
