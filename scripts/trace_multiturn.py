@@ -27,6 +27,7 @@ from sekv_gguf.ruler_tasks import answer_span, make_case, token_range
 from sekv_gguf.session import load_model
 
 N_TOP = 5  # first-answer-token candidates reported
+FORCED = 1e30  # the score that puts a span first in the forced oracle
 
 
 def top(policy: Policy, logits: np.ndarray) -> list[tuple[str, float]]:
@@ -66,8 +67,8 @@ def run(model, doc: list[int], turns: list[tuple[list[int], str]], spans_of: lis
                     order = list(np.argsort(-scores, kind="stable"))
                     ikv = len(ranks)
                     ranks[ikv] = [[order.index(s) for s in sp] for sp in ids]
-                    if mode:
-                        scores[ids[_asked]] = np.inf
+                    if mode:  # ahead of every other span (finite: a choice keeps finite scores only)
+                        scores[ids[_asked]] = FORCED
                     if mode == "isolate":
                         for j, sp in enumerate(ids):
                             if j != _asked:
