@@ -25,7 +25,7 @@ UNQUANTIZED_KV_TYPES = ("f32", "f16")  # the others are block-quantized
 TRAINING_FREE_SCORES = ("index", "mass", "summary", "centroid", "bound")
 
 # how span rows are kept in the host tier where factors would not be smaller (``SekvConfig.host_format``)
-HOST_FORMATS = ("auto", "f16", "q8", "q4", "k8v4")
+HOST_FORMATS = ("auto", "f16", "q8", "q4")
 # how the routing index keeps its block keys (``SekvConfig.index_format``)
 INDEX_FORMATS = ("q8", "f16")
 INDEX_Q8_MAX = 127  # largest int8 code of a q8 block key
@@ -232,8 +232,7 @@ class SekvConfig:
               'channel for K and per token for V: about half the bytes of "f16"), "q4" (4-bit codes with an f16 '
               "scale and zero per channel for K and per token and 32 channels for V: about 0.3 of \"f16\"; int8 "
               'where the head size is odd) or "f16" (as the device holds them: with energy 1 the host tier is then '
-              "exact; on a q8_0 / q4_0 cache its own blocks, keys with an f16 copy for scoring); \"k8v4\": keys as "
-              "\"q8\", values as \"q4\" (which span attention reads needs the keys' precision)",
+              "exact; on a q8_0 / q4_0 cache its own blocks, keys with an f16 copy for scoring)",
         choices=HOST_FORMATS)
     prefill: str = setting(
         "auto", '"auto": streamed through the budget context (device cells never above the budget, no full-size '

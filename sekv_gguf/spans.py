@@ -6,7 +6,7 @@ for every KV head; if r > r_max or the fp16 factors (U·S [L, r] and Vᵀ [r, d]
 the rows as stored, the rows are stored: fp16; with ``host_format="q8"`` int8 codes with one f32 scale per
 channel for K (keys' outlier channels, as KIVI quantizes them) and per token for V; with ``host_format="q4"``
 4-bit codes (two per byte) with an f16 scale and zero (the minimum) per channel for K and per token and run of
-``Q4_GROUP`` channels for V (KIVI's asymmetric layout); with ``host_format="k8v4"`` keys int8, values 4-bit. The SVDs of a batch are one
+``Q4_GROUP`` channels for V (KIVI's asymmetric layout). The SVDs of a batch are one
 LAPACK call over zero-padded spans (see ``factorize``).
 
 On a block-quantized cache (q8_0, q4_0: ``kv_codec``) the rows come in as blocks and are compressed from their
@@ -175,19 +175,11 @@ def q4_group(d: int) -> int:
     return max(g for g in range(1, min(Q4_GROUP, d) + 1) if d % g == 0)
 
 
-def side_format(host_format: str, values: bool) -> str:
-    """The format of one side (K or V) of the rows: ``k8v4`` keeps keys as ``q8`` and values as ``q4``."""
-    if host_format == "k8v4":
-        return "q4" if values else "q8"
-    return host_format
-
-
 def stored_rows(m: np.ndarray, host_format: str, values: bool, blocks: np.ndarray | None = None,
                 block_type: int = 0) -> Factors:
     """Rows m f32 [L, Hkv, d] as ``host_format`` keeps them (4-bit needs an even head size; int8 otherwise);
     ``blocks`` uint8 [L, Hkv, head_bytes]: the same rows as a cache of ggml type ``block_type`` holds them, which
     "f16" keeps (keys with their f16 widening for the scorers)."""
-    host_format = side_format(host_format, values)
     if host_format == "f16" and blocks is not None:
         return Factors(us=None, vt=None, raw=None if values else m.astype(np.float16), blocks=blocks,
                        block_type=block_type)
@@ -201,7 +193,6 @@ def stored_rows(m: np.ndarray, host_format: str, values: bool, blocks: np.ndarra
 def rows_nbytes(length: int, d: int, host_format: str, values: bool, block_type: int | None = None) -> int:
     """Bytes per KV head of ``length`` rows of head size d as ``stored_rows`` keeps them (``block_type``: they come
     as blocks of that ggml type)."""
-    host_format = side_format(host_format, values)
     if host_format == "f16" and block_type is not None:
         return length * kv_codec.head_bytes(block_type, d) + (0 if values else 2 * length * d)
     if host_format == "q4" and d % 2 == 0:
