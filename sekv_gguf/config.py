@@ -38,7 +38,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("SEKV_CACHE", Path.home() / ".cache" / "sekv_gguf"))
 
 MAX_PROBES = 256  # query probes one decode can capture (the hook's SEKV_MAX_PROBES)
-MAX_LEXICAL_FOLLOW = 4  # most spans a lexical pin brings after it (SekvConfig.lexical_follow)
 CELL_GRANULARITY = 256  # llama.cpp allocates KV cells in multiples of this
 
 
@@ -283,10 +282,6 @@ class SekvConfig:
         0.0, "the lexical pins keep only spans scoring at least this share of the best span's score (a question's "
              "template words, shared by every same-shaped sentence, then pin only the one its key names); 0: every "
              "positive score")
-    lexical_follow: int = setting(
-        0, "each lexically matched span brings this many spans after it into the pins (what a question's key names "
-           "usually follows it: a value after its label, when a span boundary falls between them); 0: the matched "
-           "spans alone")
     route_every: int = setting(4, "decode steps between routings (1: every step); zoomed spans stay resident between")
     max_new_zooms: int = setting(2, "most spans rebuilt per layer per decode step (the first routing after prefill "
                                     "has no limit); bounds the host->device traffic of a step, the zoom cache keeps "
@@ -364,8 +359,6 @@ class SekvConfig:
             raise ValueError(f"lexical_min_ratio must be in [0, 1], got {self.lexical_min_ratio}")
         if not 1 <= self.lexical_ngram <= 4:
             raise ValueError(f"lexical_ngram must be in 1..4, got {self.lexical_ngram}")
-        if not 0 <= self.lexical_follow <= MAX_LEXICAL_FOLLOW:
-            raise ValueError(f"lexical_follow must be in 0..{MAX_LEXICAL_FOLLOW}, got {self.lexical_follow}")
         for name in ("route_every", "max_new_zooms", "lexical_cue", "lexical_max_spans"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -52,10 +52,6 @@ def test_scores_weigh_rare_ngrams_and_ignore_common_ones():
     assert lexical_pins(toks, spans, SekvConfig(lexical_cue=1)) == []  # a one-token question has no bigram
     assert lexical_pins(toks, spans, replace(cfg, lexical_min_ratio=0.5)) == [1, 3, 4]  # log(6/2) >= log(6) / 2
     assert lexical_pins(toks, spans, replace(cfg, lexical_min_ratio=0.7)) == [1]
-    # each match brings the spans after it (the last span has none), never twice
-    assert lexical_pins(toks, spans, replace(cfg, lexical_follow=1)) == [1, 2, 3, 4]
-    assert lexical_pins(toks, spans, replace(cfg, lexical_follow=2)) == [1, 2, 3, 4]
-    assert lexical_pins(toks, spans, replace(cfg, lexical_follow=1, lexical_min_ratio=0.7)) == [1, 2]
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -64,7 +60,6 @@ def test_scores_weigh_rare_ngrams_and_ignore_common_ones():
     ({"lexical_min_ratio": -0.1}, "lexical_min_ratio must be in [0, 1], got -0.1"),
     ({"lexical_cue": 0}, "lexical_cue must be >= 1, got 0"),
     ({"lexical_max_spans": 0}, "lexical_max_spans must be >= 1, got 0"),
-    ({"lexical_follow": 5}, "lexical_follow must be in 0..4, got 5"),
 ])
 def test_bad_lexical_settings_are_refused(bad, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -121,8 +116,7 @@ def test_pinned_span_is_zoomed_in_every_layer_and_kept_while_decoding(llama_mode
 
 
 def test_a_turn_sets_the_question_and_pins_its_match(llama_model):
-    """A document prefilled with no question, then a question as a turn (``turn_tokens``): the key's span is pinned
-    and zoomed in every layer by the turn's in-layer routing."""
+    """A document prefilled with no question, then a question as a turn (``turn_tokens``): the key's span is pinned and zoomed in every layer by the turn's in-layer routing."""
     doc, keyed, key_at = _keyed_prompt(llama_model)
     turn = llama_model.tokenize(b" Which key?", add_bos=False, special=False) + keyed
     cfg = SekvConfig(prefill="streaming", zoom_share=0.3, compress_when_fits=True, lexical_share=0.5)

@@ -5,12 +5,10 @@ one span that holds the answer; attention at span granularity may rank that span
 near-identical rows, a chain of assignments), while an exact match of its rare tokens finds it at once. Per span,
 the score is the sum over the question's distinct n-grams found in it of ``log(1 + n_spans / df)`` (``df``: the
 spans holding that n-gram), n-grams in more than ``lexical_max_spans`` spans ignored; the pins are the spans of a
-positive score (at least ``lexical_min_ratio`` of the best), best first, each with the ``lexical_follow`` spans
-after it (a value whose label the question names, when a span boundary falls between them). They take
-``lexical_share`` of every layer's zoom slots before the router's ranking fills the rest (``ZoomSlots.choose``), and
-keep it through the decode steps' routings until the next prompt or turn sets new ones (a pin is never evicted for a
-step's new zooms). One pass over the memory's token ids per prompt or turn (~8 ms at 32K tokens), no host rows,
-nothing at decode steps."""
+positive score (at least ``lexical_min_ratio`` of the best), best first. They take ``lexical_share`` of every
+layer's zoom slots before the router's ranking fills the rest (``ZoomSlots.choose``), and keep it through the decode
+steps' routings until the next prompt or turn sets new ones (a pin is never evicted for a step's new zooms). One
+pass over the memory's token ids per prompt or turn (~8 ms at 32K tokens), no host rows, nothing at decode steps."""
 
 from __future__ import annotations
 
@@ -70,11 +68,8 @@ def lexical_scores(tokens: np.ndarray, spans: list[Span], config: SekvConfig) ->
 
 def lexical_pins(tokens: np.ndarray, spans: list[Span], config: SekvConfig) -> list[int]:
     """Span ids of a positive lexical score of at least ``lexical_min_ratio`` of the best one, best first (ties: the
-    lower id), each followed by the ``lexical_follow`` spans after it (span ids are in position order) not already
-    pinned."""
+    lower id)."""
     scores = lexical_scores(tokens, spans, config)
     order = np.argsort(-scores, kind="stable")
     floor = config.lexical_min_ratio * float(scores.max(initial=0.0))
-    matched = [int(sid) for sid in order if scores[sid] > 0 and scores[sid] >= floor]
-    pins = dict.fromkeys(j for sid in matched for j in range(sid, min(sid + 1 + config.lexical_follow, len(spans))))
-    return list(pins)
+    return [int(sid) for sid in order if scores[sid] > 0 and scores[sid] >= floor]
