@@ -116,7 +116,8 @@ def test_pinned_span_is_zoomed_in_every_layer_and_kept_while_decoding(llama_mode
 
 
 def test_a_turn_sets_the_question_and_pins_its_match(llama_model):
-    """A document prefilled with no question, then a question as a turn (``turn_tokens``): the key's span is pinned and zoomed in every layer by the turn's in-layer routing."""
+    """A document prefilled with no question, then a question as a turn (``turn_tokens``): the key's span is pinned
+    and zoomed in every layer by the turn's in-layer routing."""
     doc, keyed, key_at = _keyed_prompt(llama_model)
     turn = llama_model.tokenize(b" Which key?", add_bos=False, special=False) + keyed
     cfg = SekvConfig(prefill="streaming", zoom_share=0.3, compress_when_fits=True, lexical_share=0.5)
