@@ -3,10 +3,10 @@
 ``scripts/setup.sh`` applies ``patches/python/0001-server-kv-policy.patch`` to llama-cpp-python's server: its
 ``ModelSettings`` (the source of the server's flags and of each model entry of a ``--config_file``) gains
 ``kv_policy``, ``kv_budget``, ``prefill``, ``lexical_share``, ``memory_dir`` and ``memory_dir_bytes``
-(``SEKV_SETTINGS``, all None by default: ``llama_cpp.Llama`` as before). With any of them set, the settings' validation calls ``check_settings``
-(a ``ValueError`` naming the first setting ``SekvLlama`` cannot honour, at start-up, for every model of a config
-file) and the model proxy loads the model with ``load_sekv_llama`` (on every swap back to it, too). Nothing here is
-imported by a server that does not use these settings.
+(``SEKV_SETTINGS``, all None by default: ``llama_cpp.Llama`` as before). With any of them set, the settings'
+validation calls ``check_settings`` (a ``ValueError`` naming the first setting ``SekvLlama`` cannot honour, at
+start-up, for every model of a config file) and the model proxy loads the model with ``load_sekv_llama`` (on every
+swap back to it, too). Nothing here is imported by a server that does not use these settings.
 """
 
 from __future__ import annotations
