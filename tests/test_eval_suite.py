@@ -88,6 +88,36 @@ def test_teacher_forced_full_against_itself_is_exact(llama_model):
     fid = teacher_forced(ref, again, toks)
     again.close()
     assert fid.n_steps == 6 and fid.kl_mean < 1e-9 and fid.top1_agreement == 1.0
+    assert fid.delta_p_rms < 1e-9 and len(fid.delta_ps) == 6
+
+
+class _Scripted:
+    """A stand-in policy whose prefill and steps return given logits [n_vocab] in turn, recording the fed tokens."""
+
+    def __init__(self, rows: np.ndarray):
+        self.rows, self.fed = list(rows), []
+
+    def prefill(self, tokens):
+        return self.rows.pop(0)
+
+    def step(self, token):
+        self.fed.append(token)
+        return self.rows.pop(0)
+
+
+def test_delta_p_is_the_actual_next_tokens_probability_policy_minus_full():
+    """llama-perplexity's Δp: at each step the probability of the document's own next token (the token the step's
+    logits predict: the second half's first token for the prefill's logits), the policy's minus full KV's."""
+    tokens = [1, 2, 3, 0, 2, 1]  # the first half is prefilled; the steps predict 0, 2, 1
+    ref = np.log(np.array([[.7, .1, .1, .1], [.1, .1, .7, .1], [.25, .25, .25, .25]]))  # [3 steps, 4]
+    got = np.log(np.array([[.4, .4, .1, .1], [.1, .1, .7, .1], [.1, .6, .2, .1]]))
+    policy = _Scripted(got)
+    fid = teacher_forced(ref, policy, tokens)
+    assert policy.fed == [0, 2]  # the last step's logits come from feeding the second half's second token
+    assert fid.delta_ps == pytest.approx([.4 - .7, 0.0, .6 - .25])
+    assert fid.delta_p_mean == pytest.approx((-.3 + .35) / 3)
+    assert fid.delta_p_rms == pytest.approx(np.sqrt((.3 ** 2 + .35 ** 2) / 3))
+    assert fid.top1_agreement == pytest.approx(2 / 3)  # step 2's top token: full KV's 0 (a uniform row), the policy's 1
 
 
 def test_fidelity_runs_are_sized_for_what_they_hold(llama_model, monkeypatch):
@@ -208,8 +238,12 @@ def test_fidelity_on_code_and_tables_reports_llama_perplexity_figures(llama_mode
         kls = np.concatenate([r["kls"] for r in rows])
         assert s["n_tokens"] == 16 == kls.size and s["kl_median"] == pytest.approx(float(np.median(kls)))
         assert s["kl_median"] <= s["kl_p99"] <= kls.max() and s["kl_p99"] > 0
+        dps = np.concatenate([r["delta_ps"] for r in rows])  # Δp pooled over the same tokens
+        assert dps.size == 16 and s["delta_p_rms"] > 0
+        assert s["delta_p_rms"] == pytest.approx(float(np.sqrt(np.mean(dps ** 2))))
+        assert s["delta_p_mean"] == pytest.approx(float(dps.mean()))
     assert result["summary"]["fidelity"] == result["summary"]["fidelity_by_corpus"]["code"]
-    assert "KL p99" in table(result | {"model": "tiny"})
+    assert "KL p99" in table(result | {"model": "tiny"}) and "RMS Δp" in table(result | {"model": "tiny"})
     with pytest.raises(ValueError, match="fidelity corpora"):
         EvalConfig(fidelity_corpora=("poetry",))
 

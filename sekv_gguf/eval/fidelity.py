@@ -2,7 +2,9 @@
 
 A document is prefilled up to its middle; then its own next tokens are fed one by one (teacher forcing) to ``full``
 and to the policy, and at every step KL(full ‖ policy) of the next-token distributions and whether their argmax
-agree are recorded, over the second half of the document (``n_steps`` tokens of it).
+agree are recorded, over the second half of the document (``n_steps`` tokens of it), and as llama-perplexity's
+``--kl-divergence`` also reports it, Δp: the policy's probability of the document's actual next token minus full
+KV's (negative where the policy is less sure of what the text does say next).
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     """KL(p ‖ q) in nats of the softmax distributions of two logit vectors [n_vocab]."""
-    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return _kl_of_log(log_softmax(p_logits), log_softmax(q_logits))
+
+
+def _kl_of_log(lp: np.ndarray, lq: np.ndarray) -> float:
+    """KL(p ‖ q) of two log-probability vectors [n_vocab]."""
     return float(np.sum(np.exp(lp) * (lp - lq)))
 
 
@@ -34,7 +40,9 @@ KL_TAIL = 99.0  # the percentile of per-token KL reported beside mean and median
 @dataclass
 class Fidelity:
     """One document's teacher-forced comparison: KL(full ‖ policy) per forced token (nats) and their mean, median
-    and ``KL_TAIL`` percentile; the share of tokens whose top token is full KV's (llama-perplexity's "same top")."""
+    and ``KL_TAIL`` percentile; the share of tokens whose top token is full KV's (llama-perplexity's "same top");
+    Δp per forced token (the actual next token's probability, policy − full KV) with its mean and root mean
+    square (llama-perplexity's "Mean Δp", "RMS Δp")."""
 
     kl_mean: float
     kl_median: float
@@ -42,6 +50,9 @@ class Fidelity:
     top1_agreement: float
     n_steps: int
     kls: list[float]
+    delta_p_mean: float
+    delta_p_rms: float
+    delta_ps: list[float]
 
 
 def forced_logits(policy: Policy, tokens: list[int], n_steps: int) -> Iterator[np.ndarray]:
@@ -58,10 +69,15 @@ def forced_logits(policy: Policy, tokens: list[int], n_steps: int) -> Iterator[n
 
 def teacher_forced(reference: np.ndarray, policy: Policy, tokens: list[int]) -> Fidelity:
     """Compare ``policy`` with the reference (full KV) logits [n_steps, n_vocab] of ``forced_logits``."""
-    kls, agree = [], []
-    for ref, got in zip(reference, forced_logits(policy, tokens, reference.shape[0])):
-        kls.append(kl(ref, got))
+    kls, agree, dps = [], [], []
+    nexts = tokens[len(tokens) // 2:]  # the token each step's logits predict (forced_logits' first is the prefill's)
+    for ref, got, nxt in zip(reference, forced_logits(policy, tokens, reference.shape[0]), nexts):
+        lp, lq = log_softmax(ref), log_softmax(got)  # [n_vocab] each
+        kls.append(_kl_of_log(lp, lq))
         agree.append(int(np.argmax(ref)) == int(np.argmax(got)))
+        dps.append(float(np.exp(lq[nxt]) - np.exp(lp[nxt])))
+    dp = np.asarray(dps)  # [n_steps]
     return Fidelity(kl_mean=float(np.mean(kls)), kl_median=float(np.median(kls)),
                     kl_p99=float(np.percentile(kls, KL_TAIL)), top1_agreement=float(np.mean(agree)),
-                    n_steps=len(kls), kls=[float(x) for x in kls])
+                    n_steps=len(kls), kls=[float(x) for x in kls], delta_p_mean=float(dp.mean()),
+                    delta_p_rms=float(np.sqrt(np.mean(dp * dp))), delta_ps=dps)

@@ -100,10 +100,13 @@ def _difference(a: dict[Any, float], b: dict[Any, float]) -> tuple[float, float,
 
 def _pooled(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Per (policy, budget, corpus): mean KL and agreement over documents (as before), and the median and tail of
-    the per-token KL pooled over every scored token (as llama-perplexity reports them; rows without per-token KL,
-    from earlier files, give none)."""
+    the per-token KL pooled over every scored token, and Δp's mean and root mean square pooled the same way (as
+    llama-perplexity reports them; rows without per-token values, from earlier files, give none)."""
     kls = np.concatenate([r["kls"] for r in rows if r.get("kls")] or [np.zeros(0)])
     pooled = {"kl_median": float(np.median(kls)), "kl_p99": float(np.percentile(kls, KL_TAIL)),
               "n_tokens": int(kls.size)} if kls.size else {}
+    dps = np.concatenate([r["delta_ps"] for r in rows if r.get("delta_ps")] or [np.zeros(0)])  # [tokens]
+    if dps.size:
+        pooled.update(delta_p_mean=float(dps.mean()), delta_p_rms=float(np.sqrt(np.mean(dps * dps))))
     return {"kl_mean": float(np.mean([r["kl_mean"] for r in rows])),
             "top1_agreement": float(np.mean([r["top1_agreement"] for r in rows])), **pooled}
