@@ -55,10 +55,15 @@ class Fidelity:
     delta_ps: list[float]
 
 
+def _prefix(tokens: list[int]) -> int:
+    """How many of a document's tokens are prefilled before teacher forcing starts: its first half."""
+    return len(tokens) // 2
+
+
 def forced_logits(policy: Policy, tokens: list[int], n_steps: int) -> Iterator[np.ndarray]:
     """Prefill ``policy`` with the first half of ``tokens``, then feed the next tokens of the second half one by one;
     yields the next-token logits [n_vocab] after the prefill and after each fed token (``n_steps`` in all)."""
-    half = len(tokens) // 2
+    half = _prefix(tokens)
     steps = min(n_steps, len(tokens) - half)
     if half < 1 or steps < 1:
         raise ValueError(f"a document of {len(tokens)} tokens is too short for teacher forcing")
@@ -70,7 +75,7 @@ def forced_logits(policy: Policy, tokens: list[int], n_steps: int) -> Iterator[n
 def teacher_forced(reference: np.ndarray, policy: Policy, tokens: list[int]) -> Fidelity:
     """Compare ``policy`` with the reference (full KV) logits [n_steps, n_vocab] of ``forced_logits``."""
     kls, agree, dps = [], [], []
-    nexts = tokens[len(tokens) // 2:]  # the token each step's logits predict (forced_logits' first is the prefill's)
+    nexts = tokens[_prefix(tokens):]  # the token each step's logits predict (forced_logits' first is the prefill's)
     for ref, got, nxt in zip(reference, forced_logits(policy, tokens, reference.shape[0]), nexts):
         lp, lq = log_softmax(ref), log_softmax(got)  # [n_vocab] each
         kls.append(_kl_of_log(lp, lq))
