@@ -89,6 +89,7 @@ def test_teacher_forced_full_against_itself_is_exact(llama_model):
     again.close()
     assert fid.n_steps == 6 and fid.kl_mean < 1e-9 and fid.top1_agreement == 1.0
     assert fid.delta_p_rms < 1e-9 and len(fid.delta_ps) == 6
+    assert abs(fid.ln_ppl_ratio) < 1e-9 and fid.top1_text == fid.ref_top1_text
 
 
 class _Scripted:
@@ -118,6 +119,11 @@ def test_delta_p_is_the_actual_next_tokens_probability_policy_minus_full():
     assert fid.delta_p_mean == pytest.approx((-.3 + .35) / 3)
     assert fid.delta_p_rms == pytest.approx(np.sqrt((.3 ** 2 + .35 ** 2) / 3))
     assert fid.top1_agreement == pytest.approx(2 / 3)  # step 2's top token: full KV's 0 (a uniform row), the policy's 1
+    # llama-perplexity's ln(PPL(Q)/PPL(base)) per token: ln p_full(next) - ln p_policy(next)
+    assert fid.ln_ppl_ratios == pytest.approx([np.log(.7 / .4), 0.0, np.log(.25 / .6)])
+    assert fid.ln_ppl_ratio == pytest.approx((np.log(.7 / .4) + np.log(.25 / .6)) / 3)
+    # the text's next tokens 0, 2, 1: the policy's top tokens 0 (a tie, the first), 2, 1 all hit; full KV's 0, 2, 0
+    assert fid.top1_text == pytest.approx(1.0) and fid.ref_top1_text == pytest.approx(2 / 3)
 
 
 def test_fidelity_runs_are_sized_for_what_they_hold(llama_model, monkeypatch):
@@ -242,8 +248,13 @@ def test_fidelity_on_code_and_tables_reports_llama_perplexity_figures(llama_mode
         assert dps.size == 16 and s["delta_p_rms"] > 0
         assert s["delta_p_rms"] == pytest.approx(float(np.sqrt(np.mean(dps ** 2))))
         assert s["delta_p_mean"] == pytest.approx(float(dps.mean()))
+        lns = np.concatenate([r["ln_ppl_ratios"] for r in rows])
+        assert lns.size == 16 and s["ln_ppl_ratio"] == pytest.approx(float(lns.mean()))
+        assert s["top1_text"] == pytest.approx(np.mean([r["top1_text"] for r in rows]))
+        assert 0 <= s["ref_top1_text"] <= 1
     assert result["summary"]["fidelity"] == result["summary"]["fidelity_by_corpus"]["code"]
     assert "KL p99" in table(result | {"model": "tiny"}) and "RMS Δp" in table(result | {"model": "tiny"})
+    assert "ln PPL ratio" in table(result | {"model": "tiny"})
     with pytest.raises(ValueError, match="fidelity corpora"):
         EvalConfig(fidelity_corpora=("poetry",))
 

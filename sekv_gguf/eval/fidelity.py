@@ -4,7 +4,10 @@ A document is prefilled up to its middle; then its own next tokens are fed one b
 and to the policy, and at every step KL(full ‖ policy) of the next-token distributions and whether their argmax
 agree are recorded, over the second half of the document (``n_steps`` tokens of it), and as llama-perplexity's
 ``--kl-divergence`` also reports it, Δp: the policy's probability of the document's actual next token minus full
-KV's (negative where the policy is less sure of what the text does say next).
+KV's (negative where the policy is less sure of what the text does say next), and ln(PPL(policy) / PPL(full)): the
+mean over those tokens of ln p_full(next) − ln p_policy(next). KL treats full KV as the truth; these two and the
+share of steps whose top token is the text's own next token (for the policy and for full KV) tell where a policy
+that disagrees with full KV is the one the text agrees with.
 """
 
 from __future__ import annotations
@@ -42,7 +45,10 @@ class Fidelity:
     """One document's teacher-forced comparison: KL(full ‖ policy) per forced token (nats) and their mean, median
     and ``KL_TAIL`` percentile; the share of tokens whose top token is full KV's (llama-perplexity's "same top");
     Δp per forced token (the actual next token's probability, policy − full KV) with its mean and root mean
-    square (llama-perplexity's "Mean Δp", "RMS Δp")."""
+    square (llama-perplexity's "Mean Δp", "RMS Δp"); ln p_full − ln p_policy of the actual next token per forced token
+    and their mean (llama-perplexity's "Mean ln(PPL(Q)/PPL(base))": positive where the policy predicts the text
+    worse); the share of forced tokens that are the policy's top token (``top1_text``) and full KV's
+    (``ref_top1_text``)."""
 
     kl_mean: float
     kl_median: float
@@ -53,6 +59,10 @@ class Fidelity:
     delta_p_mean: float
     delta_p_rms: float
     delta_ps: list[float]
+    ln_ppl_ratio: float
+    ln_ppl_ratios: list[float]
+    top1_text: float
+    ref_top1_text: float
 
 
 def _prefix(tokens: list[int]) -> int:
@@ -74,15 +84,20 @@ def forced_logits(policy: Policy, tokens: list[int], n_steps: int) -> Iterator[n
 
 def teacher_forced(reference: np.ndarray, policy: Policy, tokens: list[int]) -> Fidelity:
     """Compare ``policy`` with the reference (full KV) logits [n_steps, n_vocab] of ``forced_logits``."""
-    kls, agree, dps = [], [], []
+    kls, agree, dps, lns, hits, ref_hits = [], [], [], [], [], []
     nexts = tokens[_prefix(tokens):]  # the token each step's logits predict (forced_logits' first is the prefill's)
     for ref, got, nxt in zip(reference, forced_logits(policy, tokens, reference.shape[0]), nexts):
         lp, lq = log_softmax(ref), log_softmax(got)  # [n_vocab] each
         kls.append(_kl_of_log(lp, lq))
-        agree.append(int(np.argmax(ref)) == int(np.argmax(got)))
+        top_ref, top_got = int(np.argmax(ref)), int(np.argmax(got))
+        agree.append(top_ref == top_got)
         dps.append(float(np.exp(lq[nxt]) - np.exp(lp[nxt])))
+        lns.append(float(lp[nxt] - lq[nxt]))
+        hits.append(top_got == nxt)
+        ref_hits.append(top_ref == nxt)
     dp = np.asarray(dps)  # [n_steps]
     return Fidelity(kl_mean=float(np.mean(kls)), kl_median=float(np.median(kls)),
                     kl_p99=float(np.percentile(kls, KL_TAIL)), top1_agreement=float(np.mean(agree)),
                     n_steps=len(kls), kls=[float(x) for x in kls], delta_p_mean=float(dp.mean()),
-                    delta_p_rms=float(np.sqrt(np.mean(dp * dp))), delta_ps=dps)
+                    delta_p_rms=float(np.sqrt(np.mean(dp * dp))), delta_ps=dps, ln_ppl_ratio=float(np.mean(lns)),
+                    ln_ppl_ratios=lns, top1_text=float(np.mean(hits)), ref_top1_text=float(np.mean(ref_hits)))

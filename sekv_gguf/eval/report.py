@@ -97,11 +97,12 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
 
 def table(doc: dict[str, Any]) -> str:
-    """A markdown table: per policy@budget, accuracy per task and overall, KL, top-1 agreement and RMS Δp."""
+    """A markdown table: per policy@budget, accuracy per task and overall, KL, top-1 agreement, RMS Δp and
+    ln(PPL(policy) / PPL(full))."""
     acc, fid = doc["summary"]["accuracy"], doc["summary"]["fidelity"]
     tasks = list(doc["params"]["tasks"])
-    head = "| policy | " + " | ".join(tasks) + " | all | KL | KL median | KL p99 | top-1 | RMS Δp |"
-    lines = [head, "|" + "---|" * (len(tasks) + 7)]
+    head = "| policy | " + " | ".join(tasks) + " | all | KL | KL median | KL p99 | top-1 | RMS Δp | ln PPL ratio |"
+    lines = [head, "|" + "---|" * (len(tasks) + 8)]
     order = {p: i for i, p in enumerate(doc["params"]["policies"])}
 
     def rank(k: str) -> tuple[int, float]:
@@ -113,8 +114,9 @@ def table(doc: dict[str, Any]) -> str:
         kl, med, p99 = (f"{f[n]:.3f}" if n in f else "—" for n in ("kl_mean", "kl_median", "kl_p99"))
         top1 = f"{f['top1_agreement']:.2f}" if f else "—"
         rms_dp = f"{f['delta_p_rms']:.3f}" if "delta_p_rms" in f else "—"
+        ln_ppl = f"{f['ln_ppl_ratio']:+.4f}" if "ln_ppl_ratio" in f else "—"
         lines.append(f"| {k} | " + " | ".join(f"{row.get(t, float('nan')):.2f}" for t in tasks)
-                     + f" | {row['all']:.2f} | {kl} | {med} | {p99} | {top1} | {rms_dp} |")
+                     + f" | {row['all']:.2f} | {kl} | {med} | {p99} | {top1} | {rms_dp} | {ln_ppl} |")
     paired = doc["summary"].get("paired", {})  # absent from files written before it
     if paired:
         lines += ["", "| sekv run | against | score difference ± s.e. | cases |", "|---|---|---|---|"]

@@ -100,13 +100,19 @@ def _difference(a: dict[Any, float], b: dict[Any, float]) -> tuple[float, float,
 
 def _pooled(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Per (policy, budget, corpus): mean KL and agreement over documents (as before), and the median and tail of
-    the per-token KL pooled over every scored token, and Δp's mean and root mean square pooled the same way (as
-    llama-perplexity reports them; rows without per-token values, from earlier files, give none)."""
+    the per-token KL pooled over every scored token, Δp's mean and root mean square and the mean ln(PPL ratio)
+    pooled the same way (as llama-perplexity reports them), and the mean share of steps whose top token is the text's
+    own next token, the policy's and full KV's (rows without these values, from earlier files, give none)."""
     kls = np.concatenate([r["kls"] for r in rows if r.get("kls")] or [np.zeros(0)])
     pooled = {"kl_median": float(np.median(kls)), "kl_p99": float(np.percentile(kls, KL_TAIL)),
               "n_tokens": int(kls.size)} if kls.size else {}
     dps = np.concatenate([r["delta_ps"] for r in rows if r.get("delta_ps")] or [np.zeros(0)])  # [tokens]
     if dps.size:
         pooled.update(delta_p_mean=float(dps.mean()), delta_p_rms=float(np.sqrt(np.mean(dps * dps))))
+    lns = np.concatenate([r["ln_ppl_ratios"] for r in rows if r.get("ln_ppl_ratios")] or [np.zeros(0)])  # [tokens]
+    if lns.size:
+        texts = [r for r in rows if "top1_text" in r]
+        pooled.update(ln_ppl_ratio=float(lns.mean()), top1_text=float(np.mean([r["top1_text"] for r in texts])),
+                      ref_top1_text=float(np.mean([r["ref_top1_text"] for r in texts])))
     return {"kl_mean": float(np.mean([r["kl_mean"] for r in rows])),
             "top1_agreement": float(np.mean([r["top1_agreement"] for r in rows])), **pooled}
