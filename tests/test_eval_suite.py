@@ -9,7 +9,7 @@ import pytest
 
 from sekv_gguf.cli import main
 from sekv_gguf.engine import make_policy
-from sekv_gguf.eval.fidelity import forced_logits, kl, teacher_forced
+from sekv_gguf.eval.fidelity import KL_LARGE, forced_logits, kl, teacher_forced
 from sekv_gguf.eval.report import table, write
 from sekv_gguf.eval.suite import EvalConfig, run_suite
 from sekv_gguf.eval.summary import summarize
@@ -64,6 +64,21 @@ def test_a_sekv_variant_is_paired_with_the_sekv_runs_before_it():
     assert got == pytest.approx({"kl_diff": -0.04, "kl_se": 0.02, "top1_diff": 0.03, "top1_se": 0.01, "n": 2})
     assert pf["prose"]["sekv@0.1"]["snapkv@0.1"] == pytest.approx(
         {"kl_diff": -0.2, "kl_se": 0.0, "top1_diff": 0.2, "top1_se": 0.0, "n": 1})
+
+
+def test_large_disagreements_say_whose_side_the_text_takes():
+    """Steps whose KL from full KV exceeds KL_LARGE: their count, their share of all KL, and the share where the
+    policy gave the text's next token more probability than full KV did (ln p_full - ln p_policy < 0)."""
+    kls = [0.1, KL_LARGE + 1.0, KL_LARGE + 2.0, 0.0]
+    lns = [0.05, -1.0, 0.5, 0.0]  # step 1: the policy likelier on the text; step 2: full KV likelier
+    row = {"policy": "sekv", "budget": 0.2, "length": 8192, "doc": 0, "corpus": "tables", "kl_mean": float(np.mean(kls)),
+           "top1_agreement": 0.5, "kls": kls, "ln_ppl_ratios": lns, "top1_text": 0.5, "ref_top1_text": 0.5}
+    s = summarize([], [row])["fidelity_by_corpus"]["tables"]["sekv@0.2"]
+    assert s["large_kl_steps"] == 2
+    assert s["large_kl_share"] == pytest.approx((2 * KL_LARGE + 3.0) / sum(kls))
+    assert s["large_kl_policy_likelier"] == pytest.approx(0.5)
+    calm = summarize([], [row | {"kls": [0.1, 0.2, 0.0, 0.0]}])["fidelity_by_corpus"]["tables"]["sekv@0.2"]
+    assert calm["large_kl_steps"] == 0 and calm["large_kl_policy_likelier"] == 0.0
 
 
 def test_kl_is_zero_for_equal_and_positive_for_different():
@@ -252,6 +267,10 @@ def test_fidelity_on_code_and_tables_reports_llama_perplexity_figures(llama_mode
         assert lns.size == 16 and s["ln_ppl_ratio"] == pytest.approx(float(lns.mean()))
         assert s["top1_text"] == pytest.approx(np.mean([r["top1_text"] for r in rows]))
         assert 0 <= s["ref_top1_text"] <= 1
+        large = kls > KL_LARGE
+        assert s["large_kl_steps"] == int(large.sum())
+        assert s["large_kl_share"] == pytest.approx(kls[large].sum() / kls.sum() if large.any() else 0.0)
+        assert s["large_kl_policy_likelier"] == pytest.approx(np.mean(lns[large] < 0) if large.any() else 0.0)
     assert result["summary"]["fidelity"] == result["summary"]["fidelity_by_corpus"]["code"]
     assert "KL p99" in table(result | {"model": "tiny"}) and "RMS Δp" in table(result | {"model": "tiny"})
     assert "ln PPL ratio" in table(result | {"model": "tiny"})

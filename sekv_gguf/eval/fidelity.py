@@ -38,6 +38,7 @@ def _kl_of_log(lp: np.ndarray, lq: np.ndarray) -> float:
 
 
 KL_TAIL = 99.0  # the percentile of per-token KL reported beside mean and median (llama-perplexity's 99.0%)
+KL_LARGE = 1.0  # nats: a step counted as a large disagreement with full KV (whose side the text takes is reported)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .fidelity import KL_TAIL
+from .fidelity import KL_LARGE, KL_TAIL
 
 
 def summarize(cases: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> dict[str, Any]:
@@ -102,7 +102,9 @@ def _pooled(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Per (policy, budget, corpus): mean KL and agreement over documents (as before), and the median and tail of
     the per-token KL pooled over every scored token, Δp's mean and root mean square and the mean ln(PPL ratio)
     pooled the same way (as llama-perplexity reports them), and the mean share of steps whose top token is the text's
-    own next token, the policy's and full KV's (rows without these values, from earlier files, give none)."""
+    own next token, the policy's and full KV's; of the steps whose KL exceeds ``KL_LARGE``, how many there are, the
+    share of all KL they carry and the share where the policy gives the text's next token the higher probability
+    (full KV wrong, the policy right) (rows without these values, from earlier files, give none)."""
     kls = np.concatenate([r["kls"] for r in rows if r.get("kls")] or [np.zeros(0)])
     pooled = {"kl_median": float(np.median(kls)), "kl_p99": float(np.percentile(kls, KL_TAIL)),
               "n_tokens": int(kls.size)} if kls.size else {}
@@ -114,5 +116,10 @@ def _pooled(rows: list[dict[str, Any]]) -> dict[str, float]:
         texts = [r for r in rows if "top1_text" in r]
         pooled.update(ln_ppl_ratio=float(lns.mean()), top1_text=float(np.mean([r["top1_text"] for r in texts])),
                       ref_top1_text=float(np.mean([r["ref_top1_text"] for r in texts])))
+        if lns.size == kls.size:  # the same tokens, in the same order
+            large = kls > KL_LARGE  # [tokens]
+            pooled.update(large_kl_steps=int(large.sum()),
+                          large_kl_share=float(kls[large].sum() / kls.sum()) if kls.sum() > 0 else 0.0,
+                          large_kl_policy_likelier=float(np.mean(lns[large] < 0)) if large.any() else 0.0)
     return {"kl_mean": float(np.mean([r["kl_mean"] for r in rows])),
             "top1_agreement": float(np.mean([r["top1_agreement"] for r in rows])), **pooled}
