@@ -96,9 +96,17 @@ def teacher_forced(reference: np.ndarray, policy: Policy, tokens: list[int]) -> 
         lns.append(float(lp[nxt] - lq[nxt]))
         hits.append(top_got == nxt)
         ref_hits.append(top_ref == nxt)
-    dp = np.asarray(dps)  # [n_steps]
-    return Fidelity(kl_mean=float(np.mean(kls)), kl_median=float(np.median(kls)),
-                    kl_p99=float(np.percentile(kls, KL_TAIL)), top1_agreement=float(np.mean(agree)),
-                    n_steps=len(kls), kls=[float(x) for x in kls], delta_p_mean=float(dp.mean()),
-                    delta_p_rms=float(np.sqrt(np.mean(dp * dp))), delta_ps=dps, ln_ppl_ratio=float(np.mean(lns)),
-                    ln_ppl_ratios=lns, top1_text=float(np.mean(hits)), ref_top1_text=float(np.mean(ref_hits)))
+    return Fidelity(kl_mean=float(np.mean(kls)), top1_agreement=float(np.mean(agree)), n_steps=len(kls),
+                    kls=[float(x) for x in kls], delta_ps=dps, ln_ppl_ratio=float(np.mean(lns)), ln_ppl_ratios=lns,
+                    top1_text=float(np.mean(hits)), ref_top1_text=float(np.mean(ref_hits)),
+                    **token_spread(np.asarray(kls), np.asarray(dps)))
+
+
+def token_spread(kls: np.ndarray, dps: np.ndarray) -> dict[str, float]:
+    """The per-token figures llama-perplexity reports beside the means: KL's median and ``KL_TAIL`` percentile over
+    ``kls`` [tokens], Δp's mean and root mean square over ``dps`` [tokens] (one document's or pooled); an empty
+    array (rows of earlier files) gives none of its figures."""
+    out = {"kl_median": float(np.median(kls)), "kl_p99": float(np.percentile(kls, KL_TAIL))} if kls.size else {}
+    if dps.size:
+        out.update(delta_p_mean=float(dps.mean()), delta_p_rms=float(np.sqrt(np.mean(dps * dps))))
+    return out

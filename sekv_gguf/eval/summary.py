@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .fidelity import KL_LARGE, KL_TAIL
+from .fidelity import KL_LARGE, token_spread
 
 
 def summarize(cases: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> dict[str, Any]:
@@ -105,12 +105,9 @@ def _pooled(rows: list[dict[str, Any]]) -> dict[str, float]:
     own next token, the policy's and full KV's; of the steps whose KL exceeds ``KL_LARGE``, how many there are, the
     share of all KL they carry and the share where the policy gives the text's next token the higher probability
     (full KV wrong, the policy right) (rows without these values, from earlier files, give none)."""
-    kls = np.concatenate([r["kls"] for r in rows if r.get("kls")] or [np.zeros(0)])
-    pooled = {"kl_median": float(np.median(kls)), "kl_p99": float(np.percentile(kls, KL_TAIL)),
-              "n_tokens": int(kls.size)} if kls.size else {}
+    kls = np.concatenate([r["kls"] for r in rows if r.get("kls")] or [np.zeros(0)])  # [tokens]
     dps = np.concatenate([r["delta_ps"] for r in rows if r.get("delta_ps")] or [np.zeros(0)])  # [tokens]
-    if dps.size:
-        pooled.update(delta_p_mean=float(dps.mean()), delta_p_rms=float(np.sqrt(np.mean(dps * dps))))
+    pooled: dict[str, float] = {**token_spread(kls, dps), **({"n_tokens": int(kls.size)} if kls.size else {})}
     lns = np.concatenate([r["ln_ppl_ratios"] for r in rows if r.get("ln_ppl_ratios")] or [np.zeros(0)])  # [tokens]
     if lns.size:
         texts = [r for r in rows if "top1_text" in r]
