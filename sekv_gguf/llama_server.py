@@ -75,7 +75,7 @@ def check_settings(settings: Any) -> None:
     if given_sekv and settings.kv_policy != "sekv":
         raise ValueError(f"{next(iter(given_sekv))} is a parameter of SeKV: only for kv_policy sekv, not "
                          f"{settings.kv_policy}")
-    _sekv_config(settings)  # SekvConfig's own checks (a prefill mode, lexical_share in [0, 1])
+    _config_of(given_sekv)  # SekvConfig's own checks (a prefill mode, lexical_share in [0, 1])
     if settings.memory_dir_bytes is not None and settings.memory_dir is None:
         raise ValueError("memory_dir_bytes caps memory_dir: set memory_dir too")
     if settings.memory_dir is not None:
@@ -103,7 +103,11 @@ def _given_sekv(settings: Any) -> dict[str, Any]:
 def _sekv_config(settings: Any) -> SekvConfig | None:
     """The ``SekvConfig`` of the settings' SeKV parameters (``SEKV_CONFIG_SETTINGS``; the rest at its defaults), or
     None when none is set."""
-    given = _given_sekv(settings)
+    return _config_of(_given_sekv(settings))
+
+
+def _config_of(given: dict[str, Any]) -> SekvConfig | None:
+    """``SekvConfig(**given)``, its error naming the settings given; None for none."""
     if not given:
         return None
     try:
