@@ -274,6 +274,9 @@ def test_fidelity_on_code_and_tables_reports_llama_perplexity_figures(llama_mode
     assert result["summary"]["fidelity"] == result["summary"]["fidelity_by_corpus"]["code"]
     assert "KL p99" in table(result | {"model": "tiny"}) and "RMS Δp" in table(result | {"model": "tiny"})
     assert "ln PPL ratio" in table(result | {"model": "tiny"})
+    # no task cases (samples 0): the fidelity run still has its row, its task columns empty
+    s = result["summary"]["fidelity"]["streaming@0.25"]
+    assert f"| streaming@0.25 | — | — | {s['kl_mean']:.3f} |" in table(result | {"model": "tiny"})
     with pytest.raises(ValueError, match="fidelity corpora"):
         EvalConfig(fidelity_corpora=("poetry",))
 

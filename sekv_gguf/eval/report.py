@@ -109,14 +109,14 @@ def table(doc: dict[str, Any]) -> str:
         name, _, budget = k.partition("@")
         return order.get(name, len(order)), float(budget or 0)
 
-    for k, row in sorted(acc.items(), key=lambda kv: rank(kv[0])):
-        f = fid.get(k, {})
+    for k in sorted(set(acc) | set(fid), key=rank):  # a fidelity-only run (no task cases) has rows too
+        row, f = acc.get(k, {}), fid.get(k, {})
         kl, med, p99 = (f"{f[n]:.3f}" if n in f else "—" for n in ("kl_mean", "kl_median", "kl_p99"))
         top1 = f"{f['top1_agreement']:.2f}" if f else "—"
         rms_dp = f"{f['delta_p_rms']:.3f}" if "delta_p_rms" in f else "—"
         ln_ppl = f"{f['ln_ppl_ratio']:+.4f}" if "ln_ppl_ratio" in f else "—"
-        lines.append(f"| {k} | " + " | ".join(f"{row.get(t, float('nan')):.2f}" for t in tasks)
-                     + f" | {row['all']:.2f} | {kl} | {med} | {p99} | {top1} | {rms_dp} | {ln_ppl} |")
+        scores = [f"{row[t]:.2f}" if t in row else "—" for t in [*tasks, "all"]]
+        lines.append(f"| {k} | " + " | ".join(scores) + f" | {kl} | {med} | {p99} | {top1} | {rms_dp} | {ln_ppl} |")
     paired = doc["summary"].get("paired", {})  # absent from files written before it
     if paired:
         lines += ["", "| sekv run | against | score difference ± s.e. | cases |", "|---|---|---|---|"]
