@@ -113,10 +113,13 @@ def _pooled(rows: list[dict[str, Any]]) -> dict[str, float]:
         texts = [r for r in rows if "top1_text" in r]
         pooled.update(ln_ppl_ratio=float(lns.mean()), top1_text=float(np.mean([r["top1_text"] for r in texts])),
                       ref_top1_text=float(np.mean([r["ref_top1_text"] for r in texts])))
-        if lns.size == kls.size:  # the same tokens, in the same order
-            large = kls > KL_LARGE  # [tokens]
+        both = [r for r in rows if r.get("kls") and r.get("ln_ppl_ratios")]  # the same steps in each row
+        if both:
+            b_kls = np.concatenate([r["kls"] for r in both])  # [tokens]
+            b_lns = np.concatenate([r["ln_ppl_ratios"] for r in both])  # [tokens]
+            large = b_kls > KL_LARGE  # [tokens]
             pooled.update(large_kl_steps=int(large.sum()),
-                          large_kl_share=float(kls[large].sum() / kls.sum()) if kls.sum() > 0 else 0.0,
-                          large_kl_policy_likelier=float(np.mean(lns[large] < 0)) if large.any() else 0.0)
+                          large_kl_share=float(b_kls[large].sum() / b_kls.sum()) if b_kls.sum() > 0 else 0.0,
+                          large_kl_policy_likelier=float(np.mean(b_lns[large] < 0)) if large.any() else 0.0)
     return {"kl_mean": float(np.mean([r["kl_mean"] for r in rows])),
             "top1_agreement": float(np.mean([r["top1_agreement"] for r in rows])), **pooled}
