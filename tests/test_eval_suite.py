@@ -72,7 +72,8 @@ def test_large_disagreements_say_whose_side_the_text_takes():
     kls = [0.1, KL_LARGE + 1.0, KL_LARGE + 2.0, 0.0]
     lns = [0.05, -1.0, 0.5, 0.0]  # step 1: the policy likelier on the text; step 2: full KV likelier
     row = {"policy": "sekv", "budget": 0.2, "length": 8192, "doc": 0, "corpus": "tables",
-           "kl_mean": float(np.mean(kls)), "top1_agreement": 0.5, "kls": kls, "ln_ppl_ratios": lns, "top1_text": 0.5, "ref_top1_text": 0.5}
+           "kl_mean": float(np.mean(kls)), "top1_agreement": 0.5, "kls": kls, "ln_ppl_ratios": lns,
+           "top1_text": 0.5, "ref_top1_text": 0.5}
     s = summarize([], [row])["fidelity_by_corpus"]["tables"]["sekv@0.2"]
     assert s["large_kl_steps"] == 2
     assert s["large_kl_share"] == pytest.approx((2 * KL_LARGE + 3.0) / sum(kls))
