@@ -106,15 +106,50 @@ int32_t sekv_surprisal(const float * logits, int64_t n, int64_t n_vocab, const i
     return SEKV_N_OK;
 }
 
-/* f16 -> f32 by table: the mass scorer widens every host row it reads */
+/* f16 <-> f32 of whole rows: by F16C instructions where the CPU has them (x86-64 with AVX2 and F16C, picked at
+ * sekv_init; not under AddressSanitizer, whose test build covers the portable path), else by a table (f16 -> f32)
+ * and sekv_float_to_half (f32 -> f16); both round to nearest even */
 static float sekv_h2f_table[65536];
 static int   sekv_h2f_ready = 0;
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#include <immintrin.h>
+#define SEKV_HAS_F16C_PATH 1
+static int sekv_f16c = 0;
+
+__attribute__((target("avx2,f16c")))
+static void sekv_widen_f16c(const uint16_t * src, float * dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (src + i))));
+    }
+    for (; i < n; ++i) {
+        dst[i] = sekv_h2f_table[src[i]];
+    }
+}
+
+__attribute__((target("avx2,f16c")))
+static void sekv_narrow_f16c(const float * src, uint16_t * dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm_storeu_si128((__m128i *) (dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (; i < n; ++i) {
+        dst[i] = sekv_float_to_half(src[i]);
+    }
+}
+#endif
 
 static void sekv_h2f_init(void) {
     if (!sekv_h2f_ready) {
         for (uint32_t i = 0; i < 65536u; ++i) {
             sekv_h2f_table[i] = sekv_half_to_float((uint16_t) i);
         }
+#ifdef SEKV_HAS_F16C_PATH
+        __builtin_cpu_init();
+        sekv_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#endif
         sekv_h2f_ready = 1;
     }
 }
@@ -124,8 +159,26 @@ void sekv_init(void) {
 }
 
 static inline void sekv_widen(const uint16_t * src, float * dst, int64_t n) {
+#ifdef SEKV_HAS_F16C_PATH
+    if (sekv_f16c) {
+        sekv_widen_f16c(src, dst, n);
+        return;
+    }
+#endif
     for (int64_t i = 0; i < n; ++i) {
         dst[i] = sekv_h2f_table[src[i]];
+    }
+}
+
+static inline void sekv_narrow(const float * src, uint16_t * dst, int64_t n) {
+#ifdef SEKV_HAS_F16C_PATH
+    if (sekv_f16c) {
+        sekv_narrow_f16c(src, dst, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; ++i) {
+        dst[i] = sekv_float_to_half(src[i]);
     }
 }
 
@@ -151,6 +204,29 @@ static inline void sekv_lse_push(float * m, float * s, float x) {
     }
 }
 
+/* logits of one block of rows folded into a running logsumexp (m, s) with s = sum exp(x - m); s == 0 marks an
+ * empty fold: a max pass and a sum of expf over the block that the compiler vectorises (as sekv_logsumexp) */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void sekv_lse_fold(const float * x, int64_t n, float * m, float * s) {
+    float mx = x[0];
+    for (int64_t j = 1; j < n; ++j) {
+        mx = x[j] > mx ? x[j] : mx;
+    }
+    if (*s != 0.0f && *m > mx) mx = *m;
+    float sum = 0.0f;
+#pragma omp simd reduction(+:sum)
+    for (int64_t j = 0; j < n; ++j) {
+        sum += x[j] == mx ? 1.0f : expf(x[j] - mx);  /* the max counts 1 even when infinite */
+    }
+    *s = (*s != 0.0f ? (*m == mx ? *s : *s * expf(*m - mx)) : 0.0f) + sum;
+    *m = mx;
+}
+
+/* floats of the block of logits span_mass folds at once: [group, block] */
+#define SEKV_MASS_BLOCK 8192
+
 int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
                        const int32_t * len, const int32_t * rank, const void * const * a,
                        const void * const * b, float * out) {
@@ -170,72 +246,62 @@ int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64
     }
     sekv_h2f_init();
     const int64_t group = n_head / n_head_kv;
+    const int64_t block = SEKV_MASS_BLOCK / group > 0 ? SEKV_MASS_BLOCK / group : 1;  /* n_head <= SEKV_MASS_BLOCK */
     float row[SEKV_MAX_HEAD_DIM];           /* one widened K row, or one widened Vᵀ / U·S row */
+    float sc[SEKV_MAX_HEAD_DIM], zr[SEKV_MAX_HEAD_DIM];  /* a KV head's per-channel scale and zero, widened once */
     float qv[SEKV_MAX_QV];                  /* q . Vᵀ[j] for the query heads of one KV head: [group, r] */
+    float x[SEKV_MASS_BLOCK];               /* logits of one block of rows: [group, block] */
     float m[SEKV_MAX_HEADS], sum[SEKV_MAX_HEADS];
     for (int64_t s = 0; s < n_spans; ++s) {
         const int64_t L = len[s], r = rank[s];
         for (int64_t h = 0; h < n_head; ++h) { m[h] = 0.0f; sum[h] = 0.0f; }
-        if (r == SEKV_RANK_Q8) {
-            /* int8 codes [L, Hkv, d] with per-channel scales [Hkv, d] */
-            const int8_t * codes = (const int8_t *) a[s];
-            const float * scale = (const float *) b[s];
-            for (int64_t t = 0; t < L; ++t) {
-                for (int64_t kh = 0; kh < n_head_kv; ++kh) {
-                    const int8_t * c = codes + (t*n_head_kv + kh)*d;
-                    for (int64_t i = 0; i < d; ++i) row[i] = (float) c[i] * scale[kh*d + i];
-                    for (int64_t g = 0; g < group; ++g) {
-                        const int64_t h = kh*group + g;
-                        sekv_lse_push(&m[h], &sum[h], sekv_dot(q + h*d, row, d));
-                    }
-                }
-            }
-        } else if (r == SEKV_RANK_Q4) {
-            /* 4-bit codes [L, Hkv, d/2] with per-channel scale and zero f16 [2, Hkv, d] */
-            const uint8_t * codes = (const uint8_t *) a[s];
-            const uint16_t * scale = (const uint16_t *) b[s], * zero = scale + n_head_kv*d;
-            for (int64_t t = 0; t < L; ++t) {
-                for (int64_t kh = 0; kh < n_head_kv; ++kh) {
-                    const uint8_t * c = codes + (t*n_head_kv + kh)*(d/2);
-                    const uint16_t * sc = scale + kh*d, * zr = zero + kh*d;
-                    for (int64_t i = 0; i < d/2; ++i) {
-                        row[2*i]     = sekv_h2f_table[zr[2*i]]     + (float) (c[i] & 0x0f) * sekv_h2f_table[sc[2*i]];
-                        row[2*i + 1] = sekv_h2f_table[zr[2*i + 1]] + (float) (c[i] >> 4)   * sekv_h2f_table[sc[2*i + 1]];
-                    }
-                    for (int64_t g = 0; g < group; ++g) {
-                        const int64_t h = kh*group + g;
-                        sekv_lse_push(&m[h], &sum[h], sekv_dot(q + h*d, row, d));
-                    }
-                }
-            }
-        } else if (r == 0) {
-            /* raw rows [L, Hkv, d] */
-            const uint16_t * raw = (const uint16_t *) a[s];
-            for (int64_t t = 0; t < L; ++t) {
-                for (int64_t kh = 0; kh < n_head_kv; ++kh) {
-                    sekv_widen(raw + (t*n_head_kv + kh)*d, row, d);
-                    for (int64_t g = 0; g < group; ++g) {
-                        const int64_t h = kh*group + g;
-                        sekv_lse_push(&m[h], &sum[h], sekv_dot(q + h*d, row, d));
-                    }
-                }
-            }
-        } else {
-            /* factors: U·S [Hkv, L, r] and Vᵀ [Hkv, r, d]; q·k_t = sum_j (U·S)[t, j] (q · Vᵀ[j]) */
-            const uint16_t * us = (const uint16_t *) a[s], * vt = (const uint16_t *) b[s];
-            for (int64_t kh = 0; kh < n_head_kv; ++kh) {
+        for (int64_t kh = 0; kh < n_head_kv; ++kh) {
+            const float * qh = q + kh*group*d;  /* the query heads of this KV head: [group, d] */
+            const int64_t qd = r > 0 ? r : d;   /* length of the dot per row: rank for factors, else head_dim */
+            const float * qk = qh;              /* what each row is dotted with: [group, qd] */
+            if (r == SEKV_RANK_Q4) {
+                const uint16_t * params = (const uint16_t *) b[s];  /* [2, Hkv, d]: scale, then zero */
+                sekv_widen(params + kh*d, sc, d);
+                sekv_widen(params + (n_head_kv + kh)*d, zr, d);
+            } else if (r > 0) {
+                /* factors: U·S [Hkv, L, r] and Vᵀ [Hkv, r, d]; q·k_t = sum_j (U·S)[t, j] (q · Vᵀ[j]) */
+                const uint16_t * vt = (const uint16_t *) b[s];
                 for (int64_t j = 0; j < r; ++j) {
                     sekv_widen(vt + (kh*r + j)*d, row, d);
                     for (int64_t g = 0; g < group; ++g) {
-                        qv[g*r + j] = sekv_dot(q + (kh*group + g)*d, row, d);
+                        qv[g*r + j] = sekv_dot(qh + g*d, row, d);
                     }
                 }
-                for (int64_t t = 0; t < L; ++t) {
-                    sekv_widen(us + (kh*L + t)*r, row, r);
-                    for (int64_t g = 0; g < group; ++g) {
-                        const int64_t h = kh*group + g;
-                        sekv_lse_push(&m[h], &sum[h], sekv_dot(qv + g*r, row, r));
+                qk = qv;
+            }
+            for (int64_t t0 = 0; t0 < L; t0 += block) {
+                const int64_t nb = L - t0 < block ? L - t0 : block;
+                for (int64_t tb = 0; tb < nb; ++tb) {
+                    const int64_t t = t0 + tb;
+                    if (r == SEKV_RANK_Q8) {
+                        /* int8 codes [L, Hkv, d] with per-channel scales f32 [Hkv, d] */
+                        const int8_t * c = (const int8_t *) a[s] + (t*n_head_kv + kh)*d;
+                        const float * scale = (const float *) b[s] + kh*d;
+                        for (int64_t i = 0; i < d; ++i) row[i] = (float) c[i] * scale[i];
+                    } else if (r == SEKV_RANK_Q4) {
+                        /* 4-bit codes [L, Hkv, d/2]: k = zero + code * scale */
+                        const uint8_t * c = (const uint8_t *) a[s] + (t*n_head_kv + kh)*(d/2);
+                        for (int64_t i = 0; i < d/2; ++i) {
+                            row[2*i]     = zr[2*i]     + (float) (c[i] & 0x0f) * sc[2*i];
+                            row[2*i + 1] = zr[2*i + 1] + (float) (c[i] >> 4)   * sc[2*i + 1];
+                        }
+                    } else if (r == 0) {
+                        /* raw rows [L, Hkv, d] */
+                        sekv_widen((const uint16_t *) a[s] + (t*n_head_kv + kh)*d, row, d);
+                    } else {
+                        sekv_widen((const uint16_t *) a[s] + (kh*L + t)*r, row, r);
                     }
+                    for (int64_t g = 0; g < group; ++g) {
+                        x[g*block + tb] = sekv_dot(qk + g*qd, row, qd);
+                    }
+                }
+                for (int64_t g = 0; g < group; ++g) {
+                    sekv_lse_fold(x + g*block, nb, &m[kh*group + g], &sum[kh*group + g]);
                 }
             }
         }
@@ -282,12 +348,18 @@ int32_t sekv_q8_to_f16(const int8_t * codes, const float * scales, int64_t n, in
     if (n < 0 || n_head_kv <= 0 || d <= 0 || n > INT64_MAX / n_head_kv / d) return SEKV_N_ERR_SIZE;
     if (n == 0) return SEKV_N_OK;
     if (codes == NULL || scales == NULL || out == NULL) return SEKV_N_ERR_NULL;
+    sekv_h2f_init();
+    float row[SEKV_MAX_HEAD_DIM];
     for (int64_t t = 0; t < n; ++t) {
         for (int64_t h = 0; h < n_head_kv; ++h) {
             const int64_t o = (t*n_head_kv + h)*d;
-            for (int64_t c = 0; c < d; ++c) {
-                const float scale = per_token ? scales[t*n_head_kv + h] : scales[h*d + c];
-                out[o + c] = sekv_float_to_half((float) codes[o + c] * scale);
+            for (int64_t c0 = 0; c0 < d; c0 += SEKV_MAX_HEAD_DIM) {
+                const int64_t nc = d - c0 < SEKV_MAX_HEAD_DIM ? d - c0 : SEKV_MAX_HEAD_DIM;
+                for (int64_t c = 0; c < nc; ++c) {
+                    const float scale = per_token ? scales[t*n_head_kv + h] : scales[h*d + c0 + c];
+                    row[c] = (float) codes[o + c0 + c] * scale;
+                }
+                sekv_narrow(row, out + o + c0, nc);
             }
         }
     }
@@ -308,17 +380,28 @@ int32_t sekv_q4_to_f16(const uint8_t * codes, const uint16_t * params, int64_t n
     const uint16_t * scale = params, * zero = params + n_params;
     /* one (scale, zero) pair per run of ``run`` channels: a group, or a single channel (per-channel keys) */
     const int64_t run = group ? group : 1;
+    float row[SEKV_MAX_HEAD_DIM];
     for (int64_t t = 0; t < n; ++t) {
         for (int64_t h = 0; h < n_head_kv; ++h) {
             const uint8_t * c = codes + (t*n_head_kv + h)*(d/2);
             uint16_t * o = out + (t*n_head_kv + h)*d;
             const int64_t p0 = group ? (t*n_head_kv + h)*(d/group) : h*d;
-            for (int64_t g = 0; g < d/run; ++g) {
-                const float sc = sekv_h2f_table[scale[p0 + g]], zr = sekv_h2f_table[zero[p0 + g]];
-                for (int64_t i = g*run; i < (g + 1)*run; ++i) {
+            int64_t p = p0, left = 0;  /* the (scale, zero) pair in use and the channels it has left */
+            float sc = 0.0f, zr = 0.0f;
+            for (int64_t i0 = 0; i0 < d; i0 += SEKV_MAX_HEAD_DIM) {  /* d is not bounded here: rows in pieces */
+                const int64_t ni = d - i0 < SEKV_MAX_HEAD_DIM ? d - i0 : SEKV_MAX_HEAD_DIM;
+                for (int64_t i = i0; i < i0 + ni; ++i) {
+                    if (left == 0) {
+                        sc = sekv_h2f_table[scale[p]];
+                        zr = sekv_h2f_table[zero[p]];
+                        ++p;
+                        left = run;
+                    }
+                    --left;
                     const float code = (float) ((i & 1) ? (c[i/2] >> 4) : (c[i/2] & 0x0f));
-                    o[i] = sekv_float_to_half(zr + code * sc);
+                    row[i - i0] = zr + code * sc;
                 }
+                sekv_narrow(row, o + i0, ni);
             }
         }
     }

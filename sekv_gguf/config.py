@@ -286,6 +286,9 @@ class SekvConfig:
     max_new_zooms: int = setting(2, "most spans rebuilt per layer per decode step (the first routing after prefill "
                                     "has no limit); bounds the host->device traffic of a step, the zoom cache keeps "
                                     "what is already resident")
+    zoom_hold: float = setting(0.0, "nats added to a resident span's exact log mass when a two-stage router ranks it "
+                                    "in a step's or chunk's routing: another span displaces it only with more than "
+                                    "e^zoom_hold times its mass (fewer rebuilds; 0: none)")
     zoom_lag_refresh: bool = setting(True, "re-decode the last refresh_tokens prompt tokens after the first routing, "
                                            "so the end of the prompt (typically the question) and the first "
                                            "generated token see the zoomed spans, not only summaries")
@@ -384,6 +387,8 @@ class SekvConfig:
             raise ValueError(f"index_format must be one of {', '.join(INDEX_FORMATS)}, got {self.index_format!r}")
         if self.r_max < 1:
             raise ValueError(f"r_max must be >= 1, got {self.r_max}")
+        if not 0 <= self.zoom_hold < math.inf:
+            raise ValueError(f"zoom_hold must be a finite number >= 0, got {self.zoom_hold}")
         if self.verify_candidates < 0:
             raise ValueError(f"verify_candidates must be >= 0, got {self.verify_candidates}")
         if self.router not in TRAINING_FREE_SCORES:

@@ -65,8 +65,10 @@ class Router(ABC):
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         """query f32 [n_head, d] -> scores [n_spans] of the store's spans in layer ``ikv``."""
 
-    def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None) -> Ranking:
-        """``score`` with what it read; two-stage routers also judge the ``resident`` spans from the device."""
+    def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None,
+             hold: float = 0.0) -> Ranking:
+        """``score`` with what it read; two-stage routers also judge the ``resident`` spans from the device, their
+        exact log mass raised by ``hold`` nats (``verify``)."""
         return Ranking(self.score(ikv, query, store), host_rows=store.span_tokens if self.reads_all_host_rows else 0)
 
 
@@ -126,7 +128,7 @@ class LowRankMassRouter(Router):
 
 
 def verify(ikv: int, query: np.ndarray, store: SpanStore, proposed: np.ndarray, candidates: int,
-           resident: Resident | None = None) -> Ranking:
+           resident: Resident | None = None, hold: float = 0.0) -> Ranking:
     """Stage 2 of a two-stage router: the spans a layer holds on the device (exact mass from their rebuilt rows,
     no host read) and the ``candidates`` best others of the proposal ``proposed`` [n_spans] (exact mass from
     their host factors, ``LowRankMassRouter``'s kernel on that subset) come first, ordered by exact mass; then the
@@ -146,7 +148,7 @@ def verify(ikv: int, query: np.ndarray, store: SpanStore, proposed: np.ndarray, 
     mass = np.empty(ids.size)                                          # [len(held) + len(host)]
     if held:
         table = native.SpanTable.of_rows(list(held.values()), store.n_head_kv, store.head_dim)
-        mass[:len(held)] = native.span_mass(query, table).max(axis=1)
+        mass[:len(held)] = native.span_mass(query, table).max(axis=1) + hold
     if host.size:
         mass[len(held):] = native.span_mass(query, store.tables[ikv], host).max(axis=1)
     first = ids[np.argsort(-mass, kind="stable")]
@@ -175,8 +177,9 @@ class TwoStageRouter(Router):
     def score(self, ikv: int, query: np.ndarray, store: SpanStore) -> np.ndarray:
         return self.rank(ikv, query, store).scores
 
-    def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None) -> Ranking:
-        return verify(ikv, query, store, self.propose(ikv, query, store), self.candidates, resident)
+    def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None,
+             hold: float = 0.0) -> Ranking:
+        return verify(ikv, query, store, self.propose(ikv, query, store), self.candidates, resident, hold)
 
 
 class HeldSpans:

@@ -120,6 +120,20 @@ def test_span_mass_equals_numpy_attention_logsumexp():
         table.append(5, None, np.zeros((2, 5, 6), np.float16), np.zeros((2, 7, d), np.float16))
 
 
+def test_span_mass_widens_every_finite_half_exactly():
+    """Raw rows are widened 8 halves at a time (F16C where the CPU has it, a table else): one-row spans of d = 8
+    scored by one-hot query heads give back each half as f32, for every finite half (AddressSanitizer's build
+    checks the table path on every half, infinities and NaNs included)."""
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    h = h[np.isfinite(h)]
+    h = np.concatenate([h, np.zeros(-h.size % 8, dtype=np.float16)]).reshape(-1, 1, 1, 8)  # [S, L=1, Hkv=1, d=8]
+    table = native.SpanTable(1, 8)
+    for rows in h:
+        table.append(1, rows, None, None)
+    got = native.span_mass(np.eye(8, dtype=np.float32), table)                         # [S, 8 heads]: head j reads k[j]
+    np.testing.assert_array_equal(got, h.reshape(-1, 8).astype(np.float32))
+
+
 def test_attn_mass_equals_numpy_softmax():
     rng = np.random.default_rng(4)
     n_head, n_head_kv, d, n = 4, 2, 16, 37

@@ -176,6 +176,24 @@ def test_verify_everything_is_exact_mass_order_and_zero_candidates_is_the_propos
     assert 2 * cfg.span_min < r.host_rows <= 40 + 2 * cfg.span_max
 
 
+def test_hold_keeps_resident_spans_ahead_unless_another_has_e_hold_times_their_mass():
+    cfg, store, query = _case(4, 40)
+    proposed = IndexRouter().propose(0, query, store)
+    exact = LowRankMassRouter().score(0, query, store)                   # [S] log mass, exact at full rank
+    weak = [int(s) for s in np.argsort(exact)[:2]]                        # the two spans of least mass, held
+    held = HeldSpans(store, weak, capacity=64)
+    plain = np.argsort(-verify(0, query, store, proposed, 40, held).scores, kind="stable")
+    assert not set(weak) & set(plain[:2])
+    gap = float(exact.max() - exact[weak].max())                          # log mass the best span leads by
+    held_first = np.argsort(-verify(0, query, store, proposed, 40, held, hold=gap + 1.0).scores, kind="stable")
+    assert set(held_first[:2]) == set(weak)
+    # a hold short of the gap lets the best span pass the held ones
+    passed = np.argsort(-verify(0, query, store, proposed, 40, held, hold=gap / 2).scores, kind="stable")
+    assert passed[0] == int(np.argmax(exact)) and passed[0] not in weak
+    with pytest.raises(ValueError, match="zoom_hold"):
+        SekvConfig(zoom_hold=-1.0)
+
+
 def test_index_config_is_checked():
     with pytest.raises(ValueError, match="block_tokens"):
         SekvConfig(block_tokens=0)

@@ -71,8 +71,10 @@ class SpanRouting:
         return probe_heads(hook.queries(ikv), memory.store.n_head_kv)
 
     def ranking(self, memory: SekvMemory, ikv: int, query: np.ndarray, router: Router, kind: str) -> Ranking:
-        """The router's ranking of the spans for layer ``ikv``'s query, its reads counted."""
-        ranking = router.rank(ikv, query, memory.store, memory.zoom)
+        """The router's ranking of the spans for layer ``ikv``'s query, its reads counted; a step's or chunk's holds
+        the resident spans by ``zoom_hold`` nats."""
+        hold = self.config.zoom_hold if kind != "prompt" else 0.0
+        ranking = router.rank(ikv, query, memory.store, memory.zoom, hold)
         counts = memory.counters.of(kind)
         counts.host_rows += ranking.host_rows
         counts.device_rows += ranking.device_rows
