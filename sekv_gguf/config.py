@@ -326,6 +326,10 @@ class SekvConfig:
                                     "score every span by its best probe, so spans any part of the chunk reads are "
                                     "zoomed before its attention; 1: the last token alone (fewer where the model's "
                                     "query heads times the probes exceed what the native scorer takes at once)")
+    layer_steps: int = setting(0, "the first this many decode steps after a prompt or turn are each routed inside "
+                                  'their own decode (as step_routing="layer" with route_every=1: the answer\'s first '
+                                  "tokens read what their own queries choose); later steps as step_routing and "
+                                  "route_every say; 0: none")
     step_routing: str = setting(
         "lagged", "when a decode step's routing (every route_every steps) takes effect. \"lagged\": after the step, "
                   "with its query, for the steps that follow (each step reads what an earlier query chose); "
@@ -387,6 +391,8 @@ class SekvConfig:
             raise ValueError(f"index_format must be one of {', '.join(INDEX_FORMATS)}, got {self.index_format!r}")
         if self.r_max < 1:
             raise ValueError(f"r_max must be >= 1, got {self.r_max}")
+        if self.layer_steps < 0:
+            raise ValueError(f"layer_steps must be >= 0, got {self.layer_steps}")
         if not 0 <= self.zoom_hold < math.inf:
             raise ValueError(f"zoom_hold must be a finite number >= 0, got {self.zoom_hold}")
         if self.verify_candidates < 0:

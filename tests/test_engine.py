@@ -156,6 +156,34 @@ def step_routed_inside_its_decode(model, which: str, routing: str, **ctx: object
     return got, took
 
 
+def test_the_first_layer_steps_after_a_prompt_or_turn_route_inside_their_decodes(llama_model):
+    """``layer_steps=3`` with the lagged default: the first three steps after the prompt and after a turn are each
+    routed inside their own decode; the others routed lagged every ``route_every``; 0 routes none inside."""
+    toks = _tokens(llama_model, 3000, offset=500)
+    turn = _tokens(llama_model, 80, offset=7000)[1:]
+    counts = {}
+    for layer_steps in (0, 3):
+        cfg = SekvConfig(layer_steps=layer_steps, route_every=4, prefill="streaming")
+        policy = make_policy("sekv", llama_model, len(toks) + len(turn) + 40, budget=BudgetConfig(kv_budget=768),
+                             params=cfg)
+        try:
+            nxt = int(np.argmax(policy.prefill(toks)))
+            for _ in range(8):
+                nxt = int(np.argmax(policy.step(nxt)))
+            after_prompt = policy.memory.counters.layer_routed_steps
+            nxt = int(np.argmax(policy.append(turn)))
+            for _ in range(8):
+                nxt = int(np.argmax(policy.step(nxt)))
+            c = policy.memory.counters
+            counts[layer_steps] = (after_prompt, c.layer_routed_steps, c.step.routes)
+        finally:
+            policy.close()
+    assert counts[0] == (0, 0, 4)             # steps 4, 8, 12, 16 routed after their decodes
+    assert counts[3] == (3, 6, 6 + 4)         # steps 1-3 and 9-11 inside; 4, 8, 12 and 16 lagged
+    with pytest.raises(ValueError, match="layer_steps"):
+        SekvConfig(layer_steps=-1)
+
+
 def test_compression_invariants_and_budget(llama_model):
     toks = _tokens(llama_model, 3000, offset=500)
     n = 16

@@ -114,6 +114,7 @@ class SekvPolicy(Policy):
         refresh the tail; an exact prefill when asked for and the memory is empty. A turn (``turn_tokens``) is
         decoded for its last logits only (no surprisal rows), routed inside that decode (``turn_routing``)."""
         cfg, mem = self.config, self.memory
+        mem.prompt_step = mem.steps  # the steps after this prompt or turn count from here (layer_steps)
         if not self.tokens and wants_exact(mem, tokens):
             return self._prefill_exact(tokens)
         turn = bool(self.tokens) and len(tokens) <= cfg.turn_tokens
@@ -224,9 +225,12 @@ class SekvPolicy(Policy):
 
     def _routed_step(self, token: int) -> np.ndarray:
         mem = self.memory
+        cfg = self.config
         mem.steps += 1  # this step's number (what a routing in or after its decode records)
-        due = mem.steps % self.config.route_every == 0
-        if due and len(mem.store) and self.config.step_routing == "layer" and self.routing.layer_callback:
+        answer = mem.steps - mem.prompt_step <= cfg.layer_steps  # one of the first steps after a prompt or turn
+        due = answer or mem.steps % cfg.route_every == 0
+        in_layers = answer or cfg.step_routing == "layer"
+        if due and len(mem.store) and in_layers and self.routing.layer_callback:
             self.irreversible()
             logits = self.routing.in_layers(mem, lambda: mem.decode([token], scored=False), "step")
             if logits is not None:

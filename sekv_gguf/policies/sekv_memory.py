@@ -96,6 +96,7 @@ class SekvMemory:
         self.prev_logits: np.ndarray | None = None       # f32 [n_vocab]
         self.carry_signal: float | None = None  # the signal of the next token when its logits are gone (rollback)
         self.steps = 0
+        self.prompt_step = 0  # ``steps`` when the last prompt or turn arrived
         self.clock = 0  # routings so far (prompt, chunk and step): what zooms are stamped with for the LRU
         self.pins: list[int] = []  # span ids the last prompt or turn matches lexically, best first (lexical_share)
         self.swa_transferred = False  # the SWA cache came from another context (exact prefill)
@@ -283,6 +284,7 @@ class SekvMemory:
             "signal_log": self.signal_log, "sentence_end": self.sentence_end,
             "segmenter": self.segmenter.state(), "store": self.store.to_plain(), "zoom": self.zoom.to_plain(),
             "prev_logits": self.prev_logits, "carry_signal": self.carry_signal, "steps": self.steps,
+            "prompt_step": self.prompt_step,
             "clock": self.clock, "pins": list(self.pins),
             "swa_transferred": self.swa_transferred,
             "transient_kv_bytes": self.transient_kv_bytes, "counters": asdict(self.counters),
@@ -302,6 +304,7 @@ class SekvMemory:
         self.prev_logits = None if logits is None else np.asarray(logits, dtype=np.float32).copy()
         self.carry_signal = data["carry_signal"]
         self.steps, self.clock = int(data["steps"]), int(data["clock"])
+        self.prompt_step = int(data.get("prompt_step", self.steps))  # files written before it: no answer steps
         # (absent from the files of versions before lexical pins: no question seen)
         self.pins = [int(s) for s in data.get("pins", [])]
         self.swa_transferred, self.transient_kv_bytes = bool(data["swa_transferred"]), int(data["transient_kv_bytes"])
