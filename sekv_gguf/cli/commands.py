@@ -119,7 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"kv budget (auto): {chosen.reason}", file=sys.stderr)
     budget = BudgetConfig(kv_budget=kv_budget)
     params = (SekvConfig(prefill=args.prefill, chunk_routing=args.chunk_routing, chunk_probes=args.chunk_probes,
-                         step_routing=args.step_routing, route_every=args.route_every, signal=args.signal,
+                         step_routing=args.step_routing, route_every=args.route_every,
+                         layer_steps=args.layer_steps, zoom_hold=args.zoom_hold, signal=args.signal,
                          host_format=args.host_format, lexical_share=args.lexical_share)
               if args.policy == "sekv" else None)
     if args.adapter and args.policy != "sekv":

@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     option(run, SekvConfig, "chunk_probes")
     option(run, SekvConfig, "step_routing")
     option(run, SekvConfig, "route_every")
+    option(run, SekvConfig, "layer_steps")
+    option(run, SekvConfig, "zoom_hold")
     option(run, SekvConfig, "lexical_share")
     option(run, SekvConfig, "signal")
     option(run, SekvConfig, "host_format")
