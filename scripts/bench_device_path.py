@@ -7,8 +7,7 @@ One process, Gemma 3 270M by default, one compute thread in every placement:
   memory, as a GPU's).
 Per placement and turn routing (``layer``, ``refresh``): the document is prefilled, then one question is appended
 as a turn (its time and transfers), then ``--n-predict`` greedy steps routed inside their decodes every
-``route_every`` steps (``SekvStats``' transfers per step). Over RPC also once without the host copy of the zoomed K
-rows (``host_keys=False``: routings read them back from the device).
+``route_every`` steps (``SekvStats``' transfers per step).
 
 Writes bench/device-path.json (machine, commit, parameters, raw numbers).
 
@@ -40,14 +39,11 @@ ROOT = Path(__file__).resolve().parents[1]
 IO = ("h2d_bytes", "h2d_calls", "d2h_bytes", "d2h_calls")
 
 
-def run_case(model, cc: ContextConfig, doc: list[int], turn: list[int], args, turn_routing: str,
-             host_keys: bool = True) -> dict:
+def run_case(model, cc: ContextConfig, doc: list[int], turn: list[int], args, turn_routing: str) -> dict:
     cfg = SekvConfig(turn_routing=turn_routing, step_routing="layer", route_every=args.route_every)
     budget = BudgetConfig(kv_budget=args.budget)
     policy = make_policy("sekv", model, len(doc) + len(turn) + args.n_predict + 8, cc, budget, cfg)
     try:
-        if not host_keys:
-            policy.memory.zoom.host_keys = [None] * len(policy.memory.zoom.host_keys)
         hook = policy.session.hook
         t0 = time.perf_counter()
         policy.prefill(doc)
@@ -66,7 +62,7 @@ def run_case(model, cc: ContextConfig, doc: list[int], turn: list[int], args, tu
             logits = policy.step(tokens[-1])
         steps_s = time.perf_counter() - t0
         st = policy.stats().sekv
-        return {"turn_routing": turn_routing, "host_keys": host_keys, "prefill_s": prefill_s, "turn_s": turn_s,
+        return {"turn_routing": turn_routing, "prefill_s": prefill_s, "turn_s": turn_s,
                 "turn_tokens": len(turn), "turn_decoded_tokens": turn_decoded,
                 "layer_routed_turns": policy.memory.counters.layer_routed_turns,
                 "layer_routed_steps": policy.memory.counters.layer_routed_steps,
@@ -111,12 +107,11 @@ def main() -> None:
                     cut = text.rindex("\n\nWhat is")  # the document, then the question as a turn
                     doc = model.tokenize(text[:cut].encode(), add_bos=True, special=False)
                     turn = model.tokenize(text[cut:].encode(), add_bos=False, special=False)[-48:]  # a turn: <= 64
-                    cases = [("layer", True), ("refresh", True)] + ([("layer", False)] if placement == "rpc" else [])
-                    for routing, host_keys in cases:
-                        r = run_case(model, cc, doc, turn, args, routing, host_keys)
+                    for routing in ("layer", "refresh"):
+                        r = run_case(model, cc, doc, turn, args, routing)
                         r["placement"] = placement
                         results.append(r)
-                        print(f"{placement:11s} turn={routing:7s} host_keys={host_keys!s:5s} "
+                        print(f"{placement:11s} turn={routing:7s} "
                               f"turn {1e3 * r['turn_s']:7.1f} ms ({r['turn_decoded_tokens']} tokens decoded)  "
                               f"step {r['step_ms']:6.1f} ms  per step: h2d {r['step_io']['h2d_bytes']:9.0f} B "
                               f"in {r['step_io']['h2d_calls']:5.1f} calls, d2h {r['step_io']['d2h_bytes']:9.0f} B in "

@@ -1,10 +1,10 @@
 """Cost of one routing call per hooked layer, side by side in one process: ``mass`` (native code over every span's
 host K rows) against the two-stage default ``index`` (stage 1 over the block index; stage 2: exact mass of the
-resident spans from their device rows and of ``verify_candidates`` others from the host), and the trained router
+resident spans and of ``verify_candidates`` others from their host rows), and the trained router
 (Gemma's shape only: its adapter), at 8K / 32K / 128K compressed span tokens (48-token spans), for Gemma 3 270M's
 layer shape (4 query heads, 1 KV head × 256) and an 8B shape (32 query heads, 8 KV heads × 128). Resident spans: as
-many as the zoom slots of a 20% budget hold (5% of the span tokens). One BLAS thread. Also the K rows each call
-reads from the host and the device. Writes bench/router-cost.json and .png.
+many as the zoom slots of a 20% budget hold (5% of the span tokens). One BLAS thread. Also the host K rows each
+call reads. Writes bench/router-cost.json and .png.
 
     .venv/bin/python scripts/bench_router.py [--adapter bench/gemma3-270m-router.gguf] [--tokens 8192 32768 131072]
 """
@@ -38,12 +38,12 @@ def make_store(rng: np.random.Generator, n: int, length: int, n_head_kv: int, d:
     return store
 
 
-def per_call(router: Router, query: np.ndarray, store: SpanStore, resident, repeat: int) -> tuple[float, int, int]:
+def per_call(router: Router, query: np.ndarray, store: SpanStore, resident, repeat: int) -> tuple[float, int]:
     r = router.rank(0, query, store, resident)  # warm
     t0 = time.perf_counter()
     for _ in range(repeat):
         router.rank(0, query, store, resident)
-    return (time.perf_counter() - t0) / repeat * 1e3, r.host_rows, r.device_rows
+    return (time.perf_counter() - t0) / repeat * 1e3, r.host_rows
 
 
 def main() -> int:
@@ -69,15 +69,15 @@ def main() -> int:
                 capacity = int(args.zoom_share * tokens)
                 index = IndexRouter()
                 held = np.argsort(-index.propose(0, query, store))[:capacity // args.span_len]
-                resident = HeldSpans(store, held, capacity)  # rows rebuilt once, at the warm-up call
+                resident = HeldSpans(store, held, capacity)
                 routers = {"mass": LowRankMassRouter(), "index": index}
                 if gemma:
                     routers["trained+verify"] = TrainedRouter(a)
                 row = {"shape": shape, "spans": n, "span_tokens": n * args.span_len, "resident_spans": int(held.size),
                        "index_bytes": store.index_bytes}
                 for name, r in routers.items():
-                    ms, host, device = per_call(r, query, store, resident, args.repeat)
-                    row[name] = {"ms": ms, "host_rows": host, "device_rows": device}
+                    ms, host = per_call(r, query, store, resident, args.repeat)
+                    row[name] = {"ms": ms, "host_rows": host}
                 row["index_vs_mass"] = row["index"]["ms"] / row["mass"]["ms"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)

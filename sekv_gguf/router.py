@@ -5,11 +5,11 @@ weights, a candidate count) but never span data, so one instance can serve any n
 comes from the hook (the last decoded token's, scaled so that q · k is the attention logit). ``ROUTERS`` maps the
 training-free scores' names to their classes; ``TrainedRouter`` scores with a GGUF adapter.
 
-Reads. ``rank`` also says what a routing call read: host K rows (the host tier, behind PCIe on a GPU machine) and
-device K rows (resident spans judged from their rebuilt rows). ``mass`` reads every host row of the context;
-the two-stage routers (``index``, ``trained``) scan the store's compact per-span index (O(spans), never O(tokens))
-and verify a bounded candidate set by exact mass: the resident spans from the device, at most ``candidates``
-others from the host (``verify``).
+Reads. ``rank`` also says how many host K rows (the host tier) a routing call read. ``mass`` reads every host row
+of the context; the two-stage routers (``index``, ``trained``) scan the store's compact per-span index (O(spans),
+never O(tokens)) and verify a bounded candidate set by exact mass from its host rows: the resident spans (at most
+the zoom slots' rows) and at most ``candidates`` others (``verify``). Nothing is read back from the device: a
+resident span's device rows were rebuilt from the same host rows.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ class Ranking:
 
     scores: np.ndarray    # [n_spans] higher = zoom first
     host_rows: int = 0    # host K rows read (token rows of the host tier)
-    device_rows: int = 0  # device K rows read (resident spans' rebuilt rows)
 
 
 class Resident(Protocol):
@@ -45,8 +44,8 @@ class Resident(Protocol):
 
     capacity: int  # token rows the zoom slots hold per layer
 
-    def keys(self, ikv: int) -> dict[int, np.ndarray]:
-        """span id -> its rebuilt K rows f16 [L, Hkv, d] read from the device cells, for layer ``ikv``."""
+    def held(self, ikv: int) -> list[int]:
+        """The span ids layer ``ikv`` holds rebuilt."""
         ...
 
 
@@ -67,8 +66,8 @@ class Router(ABC):
 
     def rank(self, ikv: int, query: np.ndarray, store: SpanStore, resident: Resident | None = None,
              hold: float = 0.0) -> Ranking:
-        """``score`` with what it read; two-stage routers also judge the ``resident`` spans from the device, their
-        exact log mass raised by ``hold`` nats (``verify``)."""
+        """``score`` with what it read; two-stage routers also judge the ``resident`` spans, their exact log mass
+        raised by ``hold`` nats (``verify``)."""
         return Ranking(self.score(ikv, query, store), host_rows=store.span_tokens if self.reads_all_host_rows else 0)
 
 
@@ -129,34 +128,33 @@ class LowRankMassRouter(Router):
 
 def verify(ikv: int, query: np.ndarray, store: SpanStore, proposed: np.ndarray, candidates: int,
            resident: Resident | None = None, hold: float = 0.0) -> Ranking:
-    """Stage 2 of a two-stage router: the spans a layer holds on the device (exact mass from their rebuilt rows,
-    no host read) and the ``candidates`` best others of the proposal ``proposed`` [n_spans] (exact mass from
-    their host factors, ``LowRankMassRouter``'s kernel on that subset) come first, ordered by exact mass; then the
-    rest in proposed order. When the layer holds nothing yet (the first routing), as many more proposals as fill
-    the zoom slots are verified too, since they are about to be read for the zoom anyway. ``proposed`` itself when
-    ``candidates`` is 0 or nothing is left to verify."""
+    """Stage 2 of a two-stage router: the spans a layer holds on the device (their exact log mass raised by
+    ``hold`` nats) and the ``candidates`` best others of the proposal ``proposed`` [n_spans] come first, ordered by
+    exact mass from their host rows (``LowRankMassRouter``'s kernel on that subset, one call: the resident spans'
+    device rows were rebuilt from these rows, so nothing is read back from the device); then the rest in proposed
+    order. When the layer holds nothing yet (the first routing), as many more proposals as fill the zoom slots are
+    verified too, since they are about to be read for the zoom anyway. ``proposed`` itself when ``candidates`` is 0
+    or nothing is left to verify."""
     n = len(store)
     if candidates <= 0 or n == 0:
         return Ranking(proposed)
-    held = resident.keys(ikv) if resident is not None else {}
-    order = np.argsort(-proposed, kind="stable")
+    held = np.asarray(resident.held(ikv) if resident is not None else [], dtype=np.int64)  # [n_held] span ids
+    order = np.argsort(-proposed, kind="stable")                       # [n] span ids, best proposal first
     n_host = candidates
-    if not held and resident is not None:
+    if not held.size and resident is not None:
         n_host += int((np.cumsum(store.lengths[order]) <= resident.capacity).sum())
-    host = order[~np.isin(order, list(held))][:n_host]                # [<= n_host] span ids
-    ids = np.concatenate([np.fromiter(held, dtype=np.int64, count=len(held)), host]).astype(np.int64)
-    mass = np.empty(ids.size)                                          # [len(held) + len(host)]
-    if held:
-        table = native.SpanTable.of_rows(list(held.values()), store.n_head_kv, store.head_dim)
-        mass[:len(held)] = native.span_mass(query, table).max(axis=1) + hold
-    if host.size:
-        mass[len(held):] = native.span_mass(query, store.tables[ikv], host).max(axis=1)
+    is_held = np.zeros(n, dtype=bool)
+    is_held[held] = True
+    ids = np.concatenate([held, order[~is_held[order]][:n_host]])      # [n_held + <= n_host] verified span ids
+    mass = native.span_mass(query, store.tables[ikv], ids).max(axis=1).astype(np.float64)  # [len(ids)]
+    mass[:held.size] += hold
     first = ids[np.argsort(-mass, kind="stable")]
-    ranked = np.concatenate([first, order[~np.isin(order, first)]])
+    verified = np.zeros(n, dtype=bool)
+    verified[ids] = True
+    ranked = np.concatenate([first, order[~verified[order]]])
     out = np.empty(n)
     out[ranked] = -np.arange(n, dtype=np.float64)  # [n_spans] rank as score
-    return Ranking(out, host_rows=int(store.lengths[host].sum()),
-                   device_rows=int(sum(r.shape[0] for r in held.values())))
+    return Ranking(out, host_rows=int(store.lengths[ids].sum()))
 
 
 class TwoStageRouter(Router):
@@ -183,17 +181,14 @@ class TwoStageRouter(Router):
 
 
 class HeldSpans:
-    """A ``Resident`` without a device: the spans ``ids`` taken as held, their K rows rebuilt from the store's host
-    rows once per layer (offline recall studies, benchmarks and tests of ``verify``)."""
+    """A ``Resident`` without a device: the spans ``ids`` taken as held in every layer (offline recall studies,
+    benchmarks and tests of ``verify``)."""
 
     def __init__(self, store: SpanStore, ids: object, capacity: int = 0):
         self.store, self.ids, self.capacity = store, [int(i) for i in ids], capacity
-        self._keys: dict[int, dict[int, np.ndarray]] = {}
 
-    def keys(self, ikv: int) -> dict[int, np.ndarray]:
-        if ikv not in self._keys:
-            self._keys[ikv] = {sid: self.store.spans[sid].k[ikv].rebuild_f16() for sid in self.ids}
-        return self._keys[ikv]
+    def held(self, ikv: int) -> list[int]:
+        return list(self.ids)
 
 
 class IndexRouter(TwoStageRouter):

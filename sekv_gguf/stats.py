@@ -37,7 +37,6 @@ class SekvStats:
     zoom_s: float
     index_bytes: int                # the routing index a two-stage router scans
     host_rows_read_per_route: float        # per layer and decode-step routing
-    device_rows_read_per_route: float
     host_rows_read_per_prompt_route: float  # per layer and prompt routing
     route_ms_per_step: float
     chunk_routes: int = 0                       # routings inside streamed prompt chunks (chunk_routing)

@@ -46,7 +46,6 @@ class RouteCounts:
 
     routes: int = 0
     host_rows: int = 0    # rows read from the host tier (scored or rebuilt)
-    device_rows: int = 0  # rows read from the device cells (resident spans judged by their rebuilt keys)
 
 
 @dataclass
@@ -109,10 +108,9 @@ class SekvMemory:
 
     def _shared(self) -> list[Any]:
         """What copies share instead of copying: the fixed parts, the configurations the store and segmenter hold,
-        and the span data (immutable once placed, as are the zoomed spans' host K rows)."""
+        and the span data (immutable once placed)."""
         configs = [self.store.config, getattr(self.segmenter, "config", None), self.session.model]
-        held = [k for keys in self.zoom.host_keys if keys is not None for k in keys.values()]  # never changed in place
-        return [getattr(self, a) for a in self._FIXED] + configs + self.store.shared_objects() + held
+        return [getattr(self, a) for a in self._FIXED] + configs + self.store.shared_objects()
 
     def copy(self) -> "SekvMemory":
         """An independent copy of the memory's state (the fixed parts and the immutable span data shared)."""
@@ -264,7 +262,6 @@ class SekvMemory:
             rebuilt_rows_per_step=self.zoom.rebuilt_rows / calls, compress_s=counters.compress_s,
             zoom_s=counters.zoom_s, index_bytes=store.index_bytes,
             host_rows_read_per_route=per_layer(counters.step, counters.step.host_rows),
-            device_rows_read_per_route=per_layer(counters.step, counters.step.device_rows),
             host_rows_read_per_prompt_route=per_layer(counters.prompt, counters.prompt.host_rows),
             chunk_routes=counters.chunk.routes, refreshed_tokens=counters.refreshed_tokens,
             host_rows_read_per_chunk_route=per_layer(counters.chunk, counters.chunk.host_rows),

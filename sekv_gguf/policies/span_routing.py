@@ -77,7 +77,6 @@ class SpanRouting:
         ranking = router.rank(ikv, query, memory.store, memory.zoom, hold)
         counts = memory.counters.of(kind)
         counts.host_rows += ranking.host_rows
-        counts.device_rows += ranking.device_rows
         return ranking
 
     def count(self, memory: SekvMemory, kind: str) -> None:

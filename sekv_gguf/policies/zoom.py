@@ -2,10 +2,9 @@
 spans (bias 0; the span's summary row gets -inf) or nothing (bias -inf); a layer keeps what it zoomed until the
 slots are needed for newer choices (least recently chosen first).
 
-Where a layer's cache is on a device (a GPU, an RPC server), every row read or write is a transfer: the K rows a
-layer zooms are also kept on the host (``keys`` answers from them instead of reading the slots back at every
-routing; not where the cache is in host memory, which would hold the rows twice), and a routing's changes to a
-layer go out as one row write and one bias write per kind of change (new spans, evicted spans, summary cells)."""
+Where a layer's cache is on a device (a GPU, an RPC server), every row write is a transfer: a routing's changes to
+a layer go out as one row write and one bias write per kind of change (new spans, evicted spans, summary cells), and
+nothing is read back (a two-stage router judges the resident spans by the host rows they were rebuilt from)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .. import kv_codec
 from ..hook import KVHook
 from ..spans import Span
 
@@ -83,40 +81,15 @@ class ZoomSlots:
         self.zooms = 0         # spans rebuilt into slots
         self.rebuilt_rows = 0  # token rows rebuilt
         self.changes = 0       # spans zoomed in or out (a routing that changes nothing leaves it)
-        # per layer: span id -> its K rows f16 [L, Hkv, d] as written, for layers whose cache is on a device (None:
-        # in host memory, read the slots); a span missing there (state loaded from plain data) is read back
-        self.host_keys: list[dict[int, np.ndarray] | None] = [
-            None if hook.on_host(ikv) else {} for ikv in range(n_layer)]
 
     @property
     def capacity(self) -> int:
         """Token rows the slots hold per layer."""
         return self.n_zoom
 
-    def keys(self, ikv: int) -> dict[int, np.ndarray]:
-        """span id -> K rows f16 [L, Hkv, d] of each span layer ``ikv`` holds, as its device cells hold them (what a
-        two-stage router judges resident spans by, without reading the host tier): the host copy where the layer
-        keeps one, else read from the cells (one read for all the spans)."""
-        resident, held = self.resident[ikv], self.host_keys[ikv]
-        out = {sid: held[sid] for sid in resident if sid in held} if held is not None else {}
-        read = [sid for sid in resident if sid not in out]
-        if read:
-            idx = np.concatenate([resident[sid] for sid in read])         # [n] slot indices, span after span
-            k, _ = self.hook.get_values(ikv, self.slots[idx])              # [n, Hkv, d] numbers (blocks dequantized)
-            k = k.astype(np.float16, copy=False)
-            cut = np.cumsum([0] + [resident[sid].size for sid in read])
-            for j, sid in enumerate(read):
-                out[sid] = k[cut[j]:cut[j + 1]]
-                if held is not None:
-                    held[sid] = out[sid]
-        return {sid: out[sid] for sid in resident}
-
-    def _key_numbers(self, ikv: int, k: np.ndarray) -> np.ndarray:
-        """K rows as written by ``set_rows`` ([L, Hkv, d] f16/f32, or a quantized cache's blocks) as the f16 numbers
-        ``keys`` returns: what ``get_values`` would read back."""
-        layer = self.hook.layers[ikv]
-        return kv_codec.decode(k, self.hook.info.type_k, layer.n_head_kv, layer.head_dim_k).astype(np.float16,
-                                                                                                    copy=False)
+    def held(self, ikv: int) -> list[int]:
+        """The span ids layer ``ikv`` holds, in the order they were zoomed."""
+        return list(self.resident[ikv])
 
     def claim(self, cells: np.ndarray) -> None:
         """Take ``cells`` (free cells of the budget) as the slots, masked in every layer until used."""
@@ -132,7 +105,6 @@ class ZoomSlots:
 
     def load_plain(self, data: dict) -> None:
         self.slots = np.asarray(data["slots"], dtype=np.int32)
-        self.host_keys = [None if held is None else {} for held in self.host_keys]  # read back when first needed
         self.resident = [{int(k): np.asarray(v, dtype=np.int64) for k, v in r.items()} for r in data["resident"]]
         self.last_use = [{int(k): int(v) for k, v in u.items()} for u in data["last_use"]]
         if len(self.resident) != len(self.last_use):
@@ -154,14 +126,11 @@ class ZoomSlots:
 
     def _write_rows(self, ikv: int, sids: list[int], idx: list[np.ndarray], spans: list[Span]) -> np.ndarray:
         """Write the rows of spans ``sids`` in layer ``ikv`` from the host tier into the slots ``idx[i]`` (one row
-        write for all; the host copy of their K rows where the layer keeps one); the cells written."""
-        hook, held = self.hook, self.host_keys[ikv]
+        write for all); the cells written."""
+        hook = self.hook
         # [L, Hkv, d] f16, or a quantized cache's blocks (kept ones byte for byte)
         k = [spans[sid].k[ikv].device_rows(hook.info.type_k) for sid in sids]
         v = [spans[sid].v[ikv].device_rows(hook.info.type_v) for sid in sids]
-        if held is not None:
-            for sid, rows in zip(sids, k):
-                held[sid] = self._key_numbers(ikv, rows)
         cells = self.slots[np.concatenate(idx)]
         hook.set_rows(ikv, cells, np.concatenate([r.reshape(r.shape[0], -1) for r in k]),
                       np.concatenate([r.reshape(r.shape[0], -1) for r in v]))
@@ -177,8 +146,6 @@ class ZoomSlots:
             self.hook.set_bias_cells(ikv, self.slots[idx], NEG_INF)  # one write for the layer
             for sid in gone:
                 del self.last_use[ikv][sid]
-                if self.host_keys[ikv] is not None:
-                    self.host_keys[ikv].pop(sid, None)
 
     def choose(self, scores: np.ndarray, lengths: np.ndarray, pins: list[int] = (), share: float = 0.0) -> list[int]:
         """Span ids in descending score that fit the slots together (``choose_fitting``); with ``pins`` (span ids,
@@ -206,7 +173,6 @@ class ZoomSlots:
         if capped and step > 0:
             want = want[: self.max_new]
         need = sum(spans[sid].length for sid in want)
-        held = self.host_keys[ikv]
         # the layer's changes, written together at the end: slots masked / unmasked, summary cells' bias, new rows
         masked: list[np.ndarray] = []
         summary_cells: list[int] = []
@@ -216,8 +182,6 @@ class ZoomSlots:
                 break
             idx = resident.pop(sid)
             del last_use[sid]
-            if held is not None:
-                held.pop(sid, None)
             taken[idx] = False
             self.changes += 1
             masked.append(idx)
