@@ -142,6 +142,7 @@ static int   sekv_h2f_ready = 0;
 #ifdef SEKV_X86_DISPATCH
 #include <immintrin.h>
 static int sekv_f16c = 0;
+static int sekv_avx2_fma = 0;  /* AVX2, FMA and F16C: the routing kernels' second build (SEKV_KERNEL_BUILDS) */
 
 __attribute__((target("avx2,f16c")))
 static void sekv_widen_f16c(const uint16_t * src, float * dst, int64_t n) {
@@ -175,6 +176,7 @@ static void sekv_h2f_init(void) {
 #ifdef SEKV_X86_DISPATCH
         __builtin_cpu_init();
         sekv_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        sekv_avx2_fma = sekv_f16c && __builtin_cpu_supports("fma");
 #endif
         sekv_h2f_ready = 1;
     }
@@ -208,6 +210,19 @@ static inline void sekv_narrow(const float * src, uint16_t * dst, int64_t n) {
     }
 }
 
+/* a routing kernel's compute, BODY (an always_inline function of PARAMS, called with ARGS), built twice where
+ * SEKV_X86_DISPATCH holds: plain and for AVX2 + FMA (picked at sekv_init: sekv_avx2_fma); SEKV_KERNEL_CALL runs
+ * the one the CPU takes */
+#ifdef SEKV_X86_DISPATCH
+#define SEKV_KERNEL_BUILDS(body, params, args)                                   \
+    static void body##_plain params { body args; }                               \
+    __attribute__((target("avx2,fma,f16c"))) static void body##_avx2 params { body args; }
+#define SEKV_KERNEL_CALL(body, args) (sekv_avx2_fma ? body##_avx2 args : body##_plain args)
+#else
+#define SEKV_KERNEL_BUILDS(body, params, args) static void body##_plain params { body args; }
+#define SEKV_KERNEL_CALL(body, args) body##_plain args
+#endif
+
 static inline float sekv_dot(const float * a, const float * b, int64_t n) {
     float s = 0.0f;
     for (int64_t i = 0; i < n; ++i) {
@@ -233,24 +248,10 @@ static inline void sekv_lse_push(float * m, float * s, float x) {
 /* floats of the block of logits span_mass folds at once: [group, block] */
 #define SEKV_MASS_BLOCK 8192
 
-int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
-                       const int32_t * len, const int32_t * rank, const void * const * a,
-                       const void * const * b, float * out) {
-    if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 || d <= 0 || d > SEKV_MAX_HEAD_DIM ||
-        n_head > SEKV_MAX_HEADS || n_spans < 0) {
-        return SEKV_N_ERR_SIZE;
-    }
-    if (n_spans == 0) return SEKV_N_OK;
-    if (q == NULL || len == NULL || rank == NULL || a == NULL || b == NULL || out == NULL) return SEKV_N_ERR_NULL;
-    for (int64_t s = 0; s < n_spans; ++s) {
-        if (len[s] <= 0 || len[s] > SEKV_MAX_SPAN || rank[s] < SEKV_RANK_Q4 || rank[s] > len[s] || rank[s] > d) {
-            return SEKV_N_ERR_SIZE;
-        }
-        if (rank[s] == SEKV_RANK_Q4 && (d & 1)) return SEKV_N_ERR_SIZE;
-        if (a[s] == NULL || (rank[s] != 0 && b[s] == NULL)) return SEKV_N_ERR_NULL;
-        if (rank[s] > 0 && (n_head / n_head_kv) * rank[s] > SEKV_MAX_QV) return SEKV_N_ERR_SIZE;
-    }
-    sekv_h2f_init();
+/* the compute of sekv_span_mass (arguments checked), inlined into a plain build and an AVX2+FMA one (below) */
+static inline __attribute__((always_inline)) void sekv_span_mass_body(
+        const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans, const int32_t * len,
+        const int32_t * rank, const void * const * a, const void * const * b, float * out) {
     const int64_t group = n_head / n_head_kv;
     const int64_t block = SEKV_MASS_BLOCK / group > 0 ? SEKV_MASS_BLOCK / group : 1;  /* n_head <= SEKV_MASS_BLOCK */
     float row[SEKV_MAX_HEAD_DIM];           /* one widened K row, or one widened Vᵀ / U·S row */
@@ -313,6 +314,34 @@ int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64
         }
         for (int64_t h = 0; h < n_head; ++h) out[s*n_head + h] = m[h] + logf(sum[h]);
     }
+}
+
+
+SEKV_KERNEL_BUILDS(sekv_span_mass_body,
+                   (const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
+                    const int32_t * len, const int32_t * rank, const void * const * a, const void * const * b,
+                    float * out),
+                   (q, n_head, n_head_kv, d, n_spans, len, rank, a, b, out))
+
+int32_t sekv_span_mass(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
+                       const int32_t * len, const int32_t * rank, const void * const * a,
+                       const void * const * b, float * out) {
+    if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 || d <= 0 || d > SEKV_MAX_HEAD_DIM ||
+        n_head > SEKV_MAX_HEADS || n_spans < 0) {
+        return SEKV_N_ERR_SIZE;
+    }
+    if (n_spans == 0) return SEKV_N_OK;
+    if (q == NULL || len == NULL || rank == NULL || a == NULL || b == NULL || out == NULL) return SEKV_N_ERR_NULL;
+    for (int64_t s = 0; s < n_spans; ++s) {
+        if (len[s] <= 0 || len[s] > SEKV_MAX_SPAN || rank[s] < SEKV_RANK_Q4 || rank[s] > len[s] || rank[s] > d) {
+            return SEKV_N_ERR_SIZE;
+        }
+        if (rank[s] == SEKV_RANK_Q4 && (d & 1)) return SEKV_N_ERR_SIZE;
+        if (a[s] == NULL || (rank[s] != 0 && b[s] == NULL)) return SEKV_N_ERR_NULL;
+        if (rank[s] > 0 && (n_head / n_head_kv) * rank[s] > SEKV_MAX_QV) return SEKV_N_ERR_SIZE;
+    }
+    sekv_h2f_init();
+    SEKV_KERNEL_CALL(sekv_span_mass_body, (q, n_head, n_head_kv, d, n_spans, len, rank, a, b, out));
     return SEKV_N_OK;
 }
 
@@ -421,6 +450,56 @@ static inline int sekv_is_neg_inf(float f) {
     return x == 0xff800000u;
 }
 
+/* the compute of sekv_index_score (arguments checked, every span's first block real): per span and KV head the
+ * logits of its real blocks for the group's query heads, [group, <= SEKV_INDEX_BLOCKS] at a time, folded per head
+ * (sekv_lse_fold) */
+#define SEKV_INDEX_BLOCKS 64
+static inline __attribute__((always_inline)) void sekv_index_score_body(
+        const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans, int64_t n_blocks,
+        const int8_t * codes, const uint16_t * scale, const float * logn, float * out) {
+    const int64_t group = n_head / n_head_kv;
+    float top[SEKV_MAX_HEADS];
+    float sum[SEKV_MAX_HEADS];
+    float row_f[SEKV_MAX_HEAD_DIM];
+    float x[SEKV_MAX_HEADS * SEKV_INDEX_BLOCKS];  /* [group, SEKV_INDEX_BLOCKS] logits */
+    for (int64_t s = 0; s < n_spans; ++s) {
+        float best = 0.0f;
+        for (int64_t kv = 0; kv < n_head_kv; ++kv) {
+            const float * qk = q + kv*group*d;
+            for (int64_t g = 0; g < group; ++g) sum[g] = 0.0f;               /* empty folds */
+            for (int64_t b0 = 0; b0 < n_blocks; b0 += SEKV_INDEX_BLOCKS) {
+                const int64_t b1 = n_blocks - b0 < SEKV_INDEX_BLOCKS ? n_blocks : b0 + SEKV_INDEX_BLOCKS;
+                int64_t nb = 0;                                                /* real blocks of [b0, b1) */
+                for (int64_t b = b0; b < b1; ++b) {
+                    const float ln = logn[s*n_blocks + b];
+                    if (sekv_is_neg_inf(ln)) continue;                         /* padding */
+                    const int64_t row = (kv*n_spans + s)*n_blocks + b;
+                    const int8_t * c = codes + row*d;
+                    const float sc = sekv_h2f_table[scale[row]];
+                    for (int64_t i = 0; i < d; ++i) row_f[i] = (float) c[i];  /* widened once for the group */
+                    for (int64_t g = 0; g < group; ++g) {
+                        x[g*SEKV_INDEX_BLOCKS + nb] = sc*sekv_dot(qk + g*d, row_f, d) + ln;
+                    }
+                    ++nb;
+                }
+                if (nb == 0) continue;
+                for (int64_t g = 0; g < group; ++g) sekv_lse_fold(x + g*SEKV_INDEX_BLOCKS, nb, &top[g], &sum[g]);
+            }
+            for (int64_t g = 0; g < group; ++g) {
+                const float lse = top[g] + logf(sum[g]);
+                if ((kv == 0 && g == 0) || lse > best) best = lse;
+            }
+        }
+        out[s] = best;
+    }
+}
+
+SEKV_KERNEL_BUILDS(sekv_index_score_body,
+                   (const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
+                    int64_t n_blocks, const int8_t * codes, const uint16_t * scale, const float * logn,
+                    float * out),
+                   (q, n_head, n_head_kv, d, n_spans, n_blocks, codes, scale, logn, out))
+
 int32_t sekv_index_score(const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans,
                          int64_t n_blocks, const int8_t * codes, const uint16_t * scale, const float * logn,
                          float * out) {
@@ -431,34 +510,10 @@ int32_t sekv_index_score(const float * q, int64_t n_head, int64_t n_head_kv, int
     }
     if (n_spans == 0) return SEKV_N_OK;
     if (q == NULL || codes == NULL || scale == NULL || logn == NULL || out == NULL) return SEKV_N_ERR_NULL;
-    sekv_h2f_init();
-    const int64_t group = n_head / n_head_kv;
-    float top[SEKV_MAX_HEADS];
-    float sum[SEKV_MAX_HEADS];
-    float row_f[SEKV_MAX_HEAD_DIM];
     for (int64_t s = 0; s < n_spans; ++s) {
         if (sekv_is_neg_inf(logn[s*n_blocks])) return SEKV_N_ERR_SIZE;    /* a span without a real first block */
-        float best = 0.0f;
-        for (int64_t kv = 0; kv < n_head_kv; ++kv) {
-            const float * qk = q + kv*group*d;
-            for (int64_t g = 0; g < group; ++g) sum[g] = 0.0f;               /* empty folds */
-            for (int64_t b = 0; b < n_blocks; ++b) {
-                const float ln = logn[s*n_blocks + b];
-                if (sekv_is_neg_inf(ln)) continue;                             /* padding */
-                const int64_t row = (kv*n_spans + s)*n_blocks + b;
-                const int8_t * c = codes + row*d;
-                const float sc = sekv_h2f_table[scale[row]];
-                for (int64_t i = 0; i < d; ++i) row_f[i] = (float) c[i];      /* widened once for the group */
-                for (int64_t g = 0; g < group; ++g) {
-                    sekv_lse_push(&top[g], &sum[g], sc*sekv_dot(qk + g*d, row_f, d) + ln);
-                }
-            }
-            for (int64_t g = 0; g < group; ++g) {
-                const float lse = top[g] + logf(sum[g]);
-                if ((kv == 0 && g == 0) || lse > best) best = lse;
-            }
-        }
-        out[s] = best;
     }
+    sekv_h2f_init();
+    SEKV_KERNEL_CALL(sekv_index_score_body, (q, n_head, n_head_kv, d, n_spans, n_blocks, codes, scale, logn, out));
     return SEKV_N_OK;
 }

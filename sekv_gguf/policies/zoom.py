@@ -28,14 +28,21 @@ def choose_fitting(scores: np.ndarray, lengths: np.ndarray, capacity: int) -> li
 def fit_in_order(sids: Iterable[int], lengths: np.ndarray, capacity: int) -> list[int]:
     """The spans of ``sids``, in their order, that fit ``capacity`` token rows together: one that does not fit is
     skipped, and the scan stops once not even the shortest span would fit."""
-    chosen, used = [], 0
-    shortest = int(lengths.min(initial=0))
-    for sid in sids:
-        if used + lengths[sid] <= capacity:
-            chosen.append(int(sid))
-            used += int(lengths[sid])
-            if capacity - used < shortest:
-                break
+    order = np.fromiter(sids, dtype=np.int64) if not isinstance(sids, np.ndarray) else sids.astype(np.int64)
+    if not order.size:
+        return []
+    length = lengths[order].astype(np.int64)                           # [n] rows of each, in order
+    k = int(np.searchsorted(np.cumsum(length), capacity, side="right"))  # the leading ones that fit together
+    chosen, used = order[:k].tolist(), int(length[:k].sum())
+    shortest = int(length.min())
+    while k < order.size and capacity - used >= shortest:
+        fits = np.flatnonzero(length[k:] <= capacity - used)          # the next one that still fits, if any
+        if not fits.size:
+            break
+        k += int(fits[0])
+        chosen.append(int(order[k]))
+        used += int(length[k])
+        k += 1
     return chosen
 
 
