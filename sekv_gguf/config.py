@@ -331,7 +331,7 @@ class SekvConfig:
                                   "tokens read what their own queries choose); later steps as step_routing and "
                                   "route_every say; 0: none")
     step_routing: str = setting(
-        "lagged", "when a decode step's routing (every route_every steps) takes effect. \"lagged\": after the step, "
+        "layer", "when a decode step's routing (every route_every steps) takes effect. \"lagged\": after the step, "
                   "with its query, for the steps that follow (each step reads what an earlier query chose); "
                   "\"layer\": inside the step's own decode, each hooked layer with this step's query before its "
                   'attention (the layer callback, as turn_routing; where it is unsupported, "lagged")',

@@ -142,22 +142,24 @@ def test_run_step_routing_flags(tmp_path, tiny_llama):
     """``--step-routing`` and ``--route-every`` (a chain followed hop by hop while generating: docs/results.md) are
     run's flags with SekvConfig's defaults; they reach the policy (``--json`` counts the steps routed inside their
     decode) and a bad value is refused by SekvConfig's own message."""
-    args = build_parser().parse_args(["run", "--step-routing", "layer", "--route-every", "1"])
-    assert (args.step_routing, args.route_every) == ("layer", 1)
+    args = build_parser().parse_args(["run", "--step-routing", "lagged", "--route-every", "1"])
+    assert (args.step_routing, args.route_every) == ("lagged", 1)
     defaults = build_parser().parse_args(["run"])
     assert (defaults.step_routing, defaults.route_every, defaults.layer_steps, defaults.zoom_hold) == \
-        ("lagged", 4, 0, 0)
+        ("layer", 4, 0, 0)
     doc = tmp_path / "doc.txt"
     doc.write_text(prose(3000, offset=100))
     routed = {}
-    answer = ["--layer-steps", "3", "--zoom-hold", "1"]
-    for flags in ([], ["--step-routing", "layer", "--route-every", "1"], answer):
+    lagged = ("--step-routing", "lagged")
+    every = ("--route-every", "1")
+    answer = (*lagged, "--layer-steps", "3", "--zoom-hold", "1")
+    for flags in ((), lagged, every, answer):
         r = _run("run", str(tiny_llama), "-f", str(doc), "-n", "9", "--kv-budget", "768", "--json", *flags)
         assert r.returncode == 0, r.stderr
-        routed[tuple(flags)] = json.loads(r.stdout)["sekv"]["layer_routed_steps"]
-    every = ("--step-routing", "layer", "--route-every", "1")
-    assert routed[()] == 0 and routed[every] >= 8  # every step after the first
-    assert routed[tuple(answer)] == 3  # the answer's first steps alone
+        routed[flags] = json.loads(r.stdout)["sekv"]["layer_routed_steps"]
+    assert routed[()] == 2  # the default: every 4th step inside its decode (steps 4 and 8)
+    assert routed[lagged] == 0 and routed[every] >= 8  # none; every step after the first
+    assert routed[answer] == 3  # the answer's first steps alone
     r = _run("run", str(tiny_llama), "-p", "x", "-n", "2", "--route-every", "0")
     assert r.returncode != 0 and "route_every must be >= 1, got 0" in r.stderr and r.stdout == ""
 

@@ -157,13 +157,13 @@ def step_routed_inside_its_decode(model, which: str, routing: str, **ctx: object
 
 
 def test_the_first_layer_steps_after_a_prompt_or_turn_route_inside_their_decodes(llama_model):
-    """``layer_steps=3`` with the lagged default: the first three steps after the prompt and after a turn are each
+    """``layer_steps=3`` with lagged step routing: the first three steps after the prompt and after a turn are each
     routed inside their own decode; the others routed lagged every ``route_every``; 0 routes none inside."""
     toks = _tokens(llama_model, 3000, offset=500)
     turn = _tokens(llama_model, 80, offset=7000)[1:]
     counts = {}
     for layer_steps in (0, 3):
-        cfg = SekvConfig(layer_steps=layer_steps, route_every=4, prefill="streaming")
+        cfg = SekvConfig(layer_steps=layer_steps, route_every=4, prefill="streaming", step_routing="lagged")
         policy = make_policy("sekv", llama_model, len(toks) + len(turn) + 40, budget=BudgetConfig(kv_budget=768),
                              params=cfg)
         try:
