@@ -223,12 +223,86 @@ static inline void sekv_narrow(const float * src, uint16_t * dst, int64_t n) {
 #define SEKV_KERNEL_CALL(body, args) body##_plain args
 #endif
 
+/* eight floats as one value (GCC / Clang vector extension): an AVX register in the AVX2 build, two SSE ones in the
+ * plain build */
+typedef float sekv_v8 __attribute__((vector_size(32)));
+
+static inline sekv_v8 sekv_load8(const float * p) {
+    sekv_v8 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static inline float sekv_hsum8(sekv_v8 v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+/* a · b over n floats, in four independent partial sums of eight lanes: the multiply-adds of a head-sized dot
+ * overlap instead of each waiting on the one before (the single-accumulator loop was bound by that latency) */
 static inline float sekv_dot(const float * a, const float * b, int64_t n) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; ++i) {
-        s += a[i]*b[i];
+    sekv_v8 s0 = {0.0f}, s1 = {0.0f}, s2 = {0.0f}, s3 = {0.0f};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 += sekv_load8(a + i) * sekv_load8(b + i);
+        s1 += sekv_load8(a + i + 8) * sekv_load8(b + i + 8);
+        s2 += sekv_load8(a + i + 16) * sekv_load8(b + i + 16);
+        s3 += sekv_load8(a + i + 24) * sekv_load8(b + i + 24);
     }
-    return s;
+    for (; i + 8 <= n; i += 8) {
+        s0 += sekv_load8(a + i) * sekv_load8(b + i);
+    }
+    const sekv_v8 s = (s0 + s1) + (s2 + s3);
+    float out = sekv_hsum8(s);
+    for (; i < n; ++i) {
+        out += a[i]*b[i];
+    }
+    return out;
+}
+
+/* out[g * stride] = q[g * ld ..] · row over n floats for g < group: four query heads per pass over the row (loaded
+ * once for the four) */
+static inline void sekv_dots(const float * q, int64_t ld, int64_t group, const float * row, int64_t n, float * out,
+                             int64_t stride) {
+    int64_t g = 0;
+    for (; g + 4 <= group; g += 4) {
+        const float * q0 = q + g*ld, * q1 = q0 + ld, * q2 = q1 + ld, * q3 = q2 + ld;
+        /* two partial sums per head (odd and even runs of eight): eight chains hide the multiply-add latency */
+        sekv_v8 a0 = {0.0f}, a1 = {0.0f}, a2 = {0.0f}, a3 = {0.0f};
+        sekv_v8 b0 = {0.0f}, b1 = {0.0f}, b2 = {0.0f}, b3 = {0.0f};
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            const sekv_v8 r = sekv_load8(row + i), u = sekv_load8(row + i + 8);
+            a0 += sekv_load8(q0 + i) * r;
+            a1 += sekv_load8(q1 + i) * r;
+            a2 += sekv_load8(q2 + i) * r;
+            a3 += sekv_load8(q3 + i) * r;
+            b0 += sekv_load8(q0 + i + 8) * u;
+            b1 += sekv_load8(q1 + i + 8) * u;
+            b2 += sekv_load8(q2 + i + 8) * u;
+            b3 += sekv_load8(q3 + i + 8) * u;
+        }
+        for (; i + 8 <= n; i += 8) {
+            const sekv_v8 r = sekv_load8(row + i);
+            a0 += sekv_load8(q0 + i) * r;
+            a1 += sekv_load8(q1 + i) * r;
+            a2 += sekv_load8(q2 + i) * r;
+            a3 += sekv_load8(q3 + i) * r;
+        }
+        float o0 = sekv_hsum8(a0 + b0), o1 = sekv_hsum8(a1 + b1), o2 = sekv_hsum8(a2 + b2), o3 = sekv_hsum8(a3 + b3);
+        for (; i < n; ++i) {
+            o0 += q0[i]*row[i];
+            o1 += q1[i]*row[i];
+            o2 += q2[i]*row[i];
+            o3 += q3[i]*row[i];
+        }
+        out[g*stride] = o0;
+        out[(g + 1)*stride] = o1;
+        out[(g + 2)*stride] = o2;
+        out[(g + 3)*stride] = o3;
+    }
+    for (; g < group; ++g) {
+        out[g*stride] = sekv_dot(q + g*ld, row, n);
+    }
 }
 
 /* online logsumexp: fold x into (m, s) with s = sum exp(x - m); s == 0 marks an empty fold (no infinities: this
@@ -256,7 +330,9 @@ static inline __attribute__((always_inline)) void sekv_span_mass_body(
     const int64_t block = SEKV_MASS_BLOCK / group > 0 ? SEKV_MASS_BLOCK / group : 1;  /* n_head <= SEKV_MASS_BLOCK */
     float row[SEKV_MAX_HEAD_DIM];           /* one widened K row, or one widened Vᵀ / U·S row */
     float sc[SEKV_MAX_HEAD_DIM], zr[SEKV_MAX_HEAD_DIM];  /* a KV head's per-channel scale and zero, widened once */
-    float qv[SEKV_MAX_QV];                  /* q . Vᵀ[j] for the query heads of one KV head: [group, r] */
+    float qv[SEKV_MAX_QV];                  /* q . Vᵀ[j] for the query heads of one KV head: [group, r]; or the
+                                               4-bit path's folded query [group, d] */
+    float qz[SEKV_MAX_HEADS];               /* the 4-bit path's q · zero per query head of one KV head */
     float x[SEKV_MASS_BLOCK];               /* logits of one block of rows: [group, block] */
     float m[SEKV_MAX_HEADS], sum[SEKV_MAX_HEADS];
     for (int64_t s = 0; s < n_spans; ++s) {
@@ -266,18 +342,31 @@ static inline __attribute__((always_inline)) void sekv_span_mass_body(
             const float * qh = q + kh*group*d;  /* the query heads of this KV head: [group, d] */
             const int64_t qd = r > 0 ? r : d;   /* length of the dot per row: rank for factors, else head_dim */
             const float * qk = qh;              /* what each row is dotted with: [group, qd] */
+            /* 4-bit rows folded into the query: q·k = q·zero + (q ∘ scale)·code, with the channels taken low
+             * nibbles first, then high ones (the order a row's codes widen in without interleaving) */
+            const int fold = r == SEKV_RANK_Q4 && group*d <= SEKV_MAX_QV;
             if (r == SEKV_RANK_Q4) {
                 const uint16_t * params = (const uint16_t *) b[s];  /* [2, Hkv, d]: scale, then zero */
                 sekv_widen(params + kh*d, sc, d);
                 sekv_widen(params + (n_head_kv + kh)*d, zr, d);
+                if (fold) {
+                    for (int64_t g = 0; g < group; ++g) {
+                        const float * qg = qh + g*d;
+                        float * qs = qv + g*d;  /* [group, d]: q ∘ scale, permuted */
+                        for (int64_t i = 0; i < d/2; ++i) {
+                            qs[i] = qg[2*i]*sc[2*i];
+                            qs[d/2 + i] = qg[2*i + 1]*sc[2*i + 1];
+                        }
+                        qz[g] = sekv_dot(qg, zr, d);
+                    }
+                    qk = qv;
+                }
             } else if (r > 0) {
                 /* factors: U·S [Hkv, L, r] and Vᵀ [Hkv, r, d]; q·k_t = sum_j (U·S)[t, j] (q · Vᵀ[j]) */
                 const uint16_t * vt = (const uint16_t *) b[s];
                 for (int64_t j = 0; j < r; ++j) {
                     sekv_widen(vt + (kh*r + j)*d, row, d);
-                    for (int64_t g = 0; g < group; ++g) {
-                        qv[g*r + j] = sekv_dot(qh + g*d, row, d);
-                    }
+                    sekv_dots(qh, d, group, row, d, qv + j, r);
                 }
                 qk = qv;
             }
@@ -290,6 +379,13 @@ static inline __attribute__((always_inline)) void sekv_span_mass_body(
                         const int8_t * c = (const int8_t *) a[s] + (t*n_head_kv + kh)*d;
                         const float * scale = (const float *) b[s] + kh*d;
                         for (int64_t i = 0; i < d; ++i) row[i] = (float) c[i] * scale[i];
+                    } else if (r == SEKV_RANK_Q4 && fold) {
+                        /* 4-bit codes [L, Hkv, d/2] as floats, low nibbles then high ones (qk is folded) */
+                        const uint8_t * c = (const uint8_t *) a[s] + (t*n_head_kv + kh)*(d/2);
+                        for (int64_t i = 0; i < d/2; ++i) {
+                            row[i]       = (float) (c[i] & 0x0f);
+                            row[d/2 + i] = (float) (c[i] >> 4);
+                        }
                     } else if (r == SEKV_RANK_Q4) {
                         /* 4-bit codes [L, Hkv, d/2]: k = zero + code * scale */
                         const uint8_t * c = (const uint8_t *) a[s] + (t*n_head_kv + kh)*(d/2);
@@ -303,8 +399,9 @@ static inline __attribute__((always_inline)) void sekv_span_mass_body(
                     } else {
                         sekv_widen((const uint16_t *) a[s] + (kh*L + t)*r, row, r);
                     }
-                    for (int64_t g = 0; g < group; ++g) {
-                        x[g*block + tb] = sekv_dot(qk + g*qd, row, qd);
+                    sekv_dots(qk, qd, group, row, qd, x + tb, block);
+                    if (fold) {
+                        for (int64_t g = 0; g < group; ++g) x[g*block + tb] += qz[g];
                     }
                 }
                 for (int64_t g = 0; g < group; ++g) {
@@ -477,8 +574,9 @@ static inline __attribute__((always_inline)) void sekv_index_score_body(
                     const int8_t * c = codes + row*d;
                     const float sc = sekv_h2f_table[scale[row]];
                     for (int64_t i = 0; i < d; ++i) row_f[i] = (float) c[i];  /* widened once for the group */
+                    sekv_dots(qk, d, group, row_f, d, x + nb, SEKV_INDEX_BLOCKS);
                     for (int64_t g = 0; g < group; ++g) {
-                        x[g*SEKV_INDEX_BLOCKS + nb] = sc*sekv_dot(qk + g*d, row_f, d) + ln;
+                        x[g*SEKV_INDEX_BLOCKS + nb] = sc*x[g*SEKV_INDEX_BLOCKS + nb] + ln;
                     }
                     ++nb;
                 }

@@ -66,13 +66,18 @@ def test_surprisal_equals_numpy_log_softmax():
         native.surprisal_at(0, 1, 5, [0])
 
 
-def test_span_mass_equals_numpy_attention_logsumexp():
+@pytest.mark.parametrize("n_head, n_head_kv, d", [
+    (4, 2, 32),    # two query heads per KV head
+    (6, 1, 36),    # a group of four and two more; a head size past the vector loops' multiples of 8 and 16
+    (12, 2, 72),   # Qwen2.5's grouping
+    (64, 1, 258),  # 4-bit rows too wide to fold into the query (group * d > SEKV_MAX_QV): dequantised per row
+])
+def test_span_mass_equals_numpy_attention_logsumexp(n_head, n_head_kv, d):
     """Raw and factorised spans, grouped query heads: per query head, logsumexp_t q·k_t of the rebuilt rows."""
     from sekv_gguf.config import SekvConfig
     from sekv_gguf.spans import factorize
 
     rng = np.random.default_rng(3)
-    n_head, n_head_kv, d = 4, 2, 32
     mats = []
     for i in range(9):
         length = int(rng.integers(3, 40))
@@ -108,14 +113,14 @@ def test_span_mass_equals_numpy_attention_logsumexp():
         each.append(r.shape[0], r, None, None)
     np.testing.assert_array_equal(native.span_mass(q, one_pass), native.span_mass(q, each))
     with pytest.raises(NativeError, match="raw span rows must be"):
-        native.SpanTable.of_rows([raw[0][:, :1]], n_head_kv, d)
+        native.SpanTable.of_rows([raw[0][:, :, :1]], n_head_kv, d)
     with pytest.raises(NativeError, match="4-bit span rows"):
         table.append(3, None, None, None, None, np.ones(2 * n_head_kv * d, np.float32),
                      np.zeros((3, n_head_kv, d // 2), np.uint8))  # parameters must be f16
     with pytest.raises(NativeError, match="int8 span rows"):
-        table.append(3, None, None, None, np.zeros((3, n_head_kv, d), np.int8), np.ones(d, np.float32))
+        table.append(3, None, None, None, np.zeros((3, n_head_kv, d), np.int8), np.ones(n_head_kv * d + 1, np.float32))
     with pytest.raises(NativeError, match="query must be"):
-        native.span_mass(q[:, :16], table)
+        native.span_mass(q[:, :d // 2], table)
     with pytest.raises(NativeError, match="factors have shapes"):
         table.append(5, None, np.zeros((2, 5, 6), np.float16), np.zeros((2, 7, d), np.float16))
 

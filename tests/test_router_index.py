@@ -42,7 +42,7 @@ def test_one_token_blocks_estimate_exact_mass():
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("group", [1, 4, 6])
 def test_native_index_score_equals_the_widened_index(group):
     """The q8 index scored as held, in native code, gives the numpy score over the index widened to f32 (padding
     blocks of short spans included), for a query head or a group of them per KV head."""
