@@ -548,17 +548,19 @@ static inline int sekv_is_neg_inf(float f) {
 }
 
 /* the compute of sekv_index_score (arguments checked, every span's first block real): per span and KV head the
- * logits of its real blocks for the group's query heads, [group, <= SEKV_INDEX_BLOCKS] at a time, folded per head
- * (sekv_lse_fold) */
+ * logits of its real blocks for the group's query heads, [<= SEKV_INDEX_BLOCKS, group] at a time, folded per head
+ * into a running logsumexp with one vectorised pass of expf over them (a span has a few blocks: a fold per head
+ * would take its exponentials one at a time) */
 #define SEKV_INDEX_BLOCKS 64
 static inline __attribute__((always_inline)) void sekv_index_score_body(
         const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans, int64_t n_blocks,
         const int8_t * codes, const uint16_t * scale, const float * logn, float * out) {
     const int64_t group = n_head / n_head_kv;
-    float top[SEKV_MAX_HEADS];
+    float top[SEKV_MAX_HEADS];  /* per head of the group: running max and sum of exp(x - max); sum 0: empty */
     float sum[SEKV_MAX_HEADS];
+    float mx[SEKV_MAX_HEADS];
     float row_f[SEKV_MAX_HEAD_DIM];
-    float x[SEKV_MAX_HEADS * SEKV_INDEX_BLOCKS];  /* [group, SEKV_INDEX_BLOCKS] logits */
+    float x[SEKV_MAX_HEADS * SEKV_INDEX_BLOCKS];  /* [nb, group] logits */
     for (int64_t s = 0; s < n_spans; ++s) {
         float best = 0.0f;
         for (int64_t kv = 0; kv < n_head_kv; ++kv) {
@@ -573,15 +575,30 @@ static inline __attribute__((always_inline)) void sekv_index_score_body(
                     const int64_t row = (kv*n_spans + s)*n_blocks + b;
                     const int8_t * c = codes + row*d;
                     const float sc = sekv_h2f_table[scale[row]];
+                    float * xb = x + nb*group;
                     for (int64_t i = 0; i < d; ++i) row_f[i] = (float) c[i];  /* widened once for the group */
-                    sekv_dots(qk, d, group, row_f, d, x + nb, SEKV_INDEX_BLOCKS);
-                    for (int64_t g = 0; g < group; ++g) {
-                        x[g*SEKV_INDEX_BLOCKS + nb] = sc*x[g*SEKV_INDEX_BLOCKS + nb] + ln;
-                    }
+                    sekv_dots(qk, d, group, row_f, d, xb, 1);
+                    for (int64_t g = 0; g < group; ++g) xb[g] = sc*xb[g] + ln;
                     ++nb;
                 }
                 if (nb == 0) continue;
-                for (int64_t g = 0; g < group; ++g) sekv_lse_fold(x + g*SEKV_INDEX_BLOCKS, nb, &top[g], &sum[g]);
+                for (int64_t g = 0; g < group; ++g) mx[g] = sum[g] != 0.0f && top[g] > x[g] ? top[g] : x[g];
+                for (int64_t b = 1; b < nb; ++b) {
+                    for (int64_t g = 0; g < group; ++g) mx[g] = x[b*group + g] > mx[g] ? x[b*group + g] : mx[g];
+                }
+                for (int64_t b = 0; b < nb; ++b) {
+                    for (int64_t g = 0; g < group; ++g) x[b*group + g] -= mx[g];
+                }
+                const int64_t nx = nb*group;
+#pragma omp simd
+                for (int64_t j = 0; j < nx; ++j) x[j] = expf(x[j]);
+                for (int64_t g = 0; g < group; ++g) {
+                    sum[g] = sum[g] != 0.0f ? sum[g]*expf(top[g] - mx[g]) : 0.0f;
+                    top[g] = mx[g];
+                }
+                for (int64_t b = 0; b < nb; ++b) {
+                    for (int64_t g = 0; g < group; ++g) sum[g] += x[b*group + g];
+                }
             }
             for (int64_t g = 0; g < group; ++g) {
                 const float lse = top[g] + logf(sum[g]);

@@ -5,6 +5,8 @@ Writes bench/engine.json (machine, commit, every parameter, per-case raw numbers
     .venv/bin/python scripts/bench_engine.py                       # Gemma 3 270M 2K-32K + tiny llama 8K-64K
     .venv/bin/python scripts/bench_engine.py --gemma 2048 --tiny 8192 --depths 0.5
     .venv/bin/python scripts/bench_engine.py --gemma 8192 --tiny --sekv step_routing=layer   # a third run, sekv-...
+    .venv/bin/python scripts/bench_engine.py --gemma 32000 --tiny --variant route_every=2,zoom_hold=1 \
+        --variant route_every=1,zoom_hold=1                       # one more run per --variant, side by side
 """
 
 from __future__ import annotations
@@ -29,22 +31,22 @@ ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("full", "sekv")
 
 
-def runs(overrides: dict) -> list[tuple[str, str, SekvConfig | None]]:
-    """(label, policy, parameters): full, sekv, and sekv with ``overrides`` when there are any."""
+def runs(variants: list[dict]) -> list[tuple[str, str, SekvConfig | None]]:
+    """(label, policy, parameters): full, sekv, and one sekv run per non-empty override dict of ``variants``."""
     out = [(name, name, None) for name in POLICIES]
-    if overrides:
+    for overrides in (v for v in variants if v):
         out.append(("-".join(["sekv", *(f"{k}={v}" for k, v in overrides.items())]), "sekv", SekvConfig(**overrides)))
     return out
 
 
 def run_case(model, model_name: str, n_tokens: int, depth: float, n_predict: int, budget: float, min_budget: int,
-             seed: int, ctx_config: ContextConfig, overrides: dict) -> list[dict]:
+             seed: int, ctx_config: ContextConfig, variants: list[dict]) -> list[dict]:
     count = lambda text: len(model.tokenize(text.encode(), add_bos=True, special=False))  # noqa: E731
     needle = needle_prompt(count, n_tokens, depth, seed)
     tokens = model.tokenize(needle.prompt.encode(), add_bos=True, special=False)
     out = []
     cells = max(int(budget * (len(tokens) + n_predict)), min_budget)  # short contexts need a floor of cells
-    for label, name, params in runs(overrides):
+    for label, name, params in runs(variants):
         policy = make_policy(name, model, len(tokens) + n_predict, ctx_config, BudgetConfig(kv_budget=cells), params)
         t0 = time.perf_counter()
         r = generate(policy, tokens, n_predict, model_name=model_name, stop_at_eos=False)
@@ -109,9 +111,11 @@ def main() -> int:
                     help="lengths on Qwen2.5-Coder-1.5B-Instruct (fetched once: python -m sekv_gguf.models qwen-coder)")
     ap.add_argument("--sekv", action="append", metavar="KEY=VALUE",
                     help="a SekvConfig override for a third run beside full and sekv (repeatable)")
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="one more sekv run with these SekvConfig overrides (repeatable: one run each)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "engine"))
     args = ap.parse_args()
-    overrides = sekv_overrides(args.sekv or [])
+    variants = [sekv_overrides(args.sekv or [])] + [sekv_overrides(v.split(",")) for v in args.variant]
 
     ctx_config = ContextConfig(n_threads=args.threads)
     cases: list[dict] = []
@@ -121,13 +125,13 @@ def main() -> int:
         for n in args.gemma:
             for d in args.depths:
                 cases += run_case(model, "gemma3-270m", n, d, args.n_predict, args.budget, args.min_budget, args.seed,
-                                  ctx_config, overrides)
+                                  ctx_config, variants)
     if args.qwen:
         model = load_model(qwen_coder_path(), ctx_config)
         for n in args.qwen:
             for d in args.depths:
                 cases += run_case(model, "qwen2.5-coder-1.5b", n, d, args.n_predict, args.budget, args.min_budget,
-                                  args.seed, ctx_config, overrides)
+                                  args.seed, ctx_config, variants)
         del model
     if args.tiny:
         with tempfile.TemporaryDirectory() as tmp:
@@ -135,7 +139,7 @@ def main() -> int:
             model = load_model(write_tiny_llama(Path(tmp) / "tiny.gguf", spec), ctx_config)
             for n in args.tiny:
                 cases += run_case(model, "tiny-llama", n, 0.5, args.n_predict, args.budget, args.min_budget, args.seed,
-                                  ctx_config, overrides)
+                                  ctx_config, variants)
 
     for item in args.shaped:
         name, _, lengths = item.partition("=")
@@ -143,7 +147,7 @@ def main() -> int:
             model = load_model(write_shaped(Path(tmp) / f"{name}.gguf", name), ctx_config)
             for n in (int(x) for x in lengths.split(",") if x):
                 cases += run_case(model, f"{name}-shaped", n, 0.5, args.n_predict, args.budget, args.min_budget,
-                                  args.seed, ctx_config, overrides)
+                                  args.seed, ctx_config, variants)
             del model
 
     out = Path(args.out)
