@@ -226,6 +226,9 @@ static inline void sekv_narrow(const float * src, uint16_t * dst, int64_t n) {
 /* eight floats as one value (GCC / Clang vector extension): an AVX register in the AVX2 build, two SSE ones in the
  * plain build */
 typedef float sekv_v8 __attribute__((vector_size(32)));
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"  /* sekv_v8 passes only between static inline functions of this file */
+#endif
 
 static inline sekv_v8 sekv_load8(const float * p) {
     sekv_v8 v;
@@ -233,8 +236,8 @@ static inline sekv_v8 sekv_load8(const float * p) {
     return v;
 }
 
-static inline float sekv_hsum8(sekv_v8 v) {
-    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+static inline float sekv_hsum8(const sekv_v8 * v) {
+    return (((*v)[0] + (*v)[4]) + ((*v)[1] + (*v)[5])) + (((*v)[2] + (*v)[6]) + ((*v)[3] + (*v)[7]));
 }
 
 /* a · b over n floats, in four independent partial sums of eight lanes: the multiply-adds of a head-sized dot
@@ -252,7 +255,7 @@ static inline float sekv_dot(const float * a, const float * b, int64_t n) {
         s0 += sekv_load8(a + i) * sekv_load8(b + i);
     }
     const sekv_v8 s = (s0 + s1) + (s2 + s3);
-    float out = sekv_hsum8(s);
+    float out = sekv_hsum8(&s);
     for (; i < n; ++i) {
         out += a[i]*b[i];
     }
@@ -288,7 +291,11 @@ static inline void sekv_dots(const float * q, int64_t ld, int64_t group, const f
             a2 += sekv_load8(q2 + i) * r;
             a3 += sekv_load8(q3 + i) * r;
         }
-        float o0 = sekv_hsum8(a0 + b0), o1 = sekv_hsum8(a1 + b1), o2 = sekv_hsum8(a2 + b2), o3 = sekv_hsum8(a3 + b3);
+        a0 += b0;
+        a1 += b1;
+        a2 += b2;
+        a3 += b3;
+        float o0 = sekv_hsum8(&a0), o1 = sekv_hsum8(&a1), o2 = sekv_hsum8(&a2), o3 = sekv_hsum8(&a3);
         for (; i < n; ++i) {
             o0 += q0[i]*row[i];
             o1 += q1[i]*row[i];

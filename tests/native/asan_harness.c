@@ -178,6 +178,61 @@ int main(void) {
         free(ic); free(is); free(il); free(iq); free(io);
     }
 
+    /* the vector paths of the routing kernels (runs of 8 and 16 floats, four query heads per pass, 4-bit rows folded
+     * into the query) on exact-size buffers: 6 query heads of 1 KV head, head size 40, against sums in double */
+    {
+        enum { H = 6, D = 40, L = 3, B = 3 };
+        float * vq = xmalloc(H * D * sizeof(float));
+        for (int i = 0; i < H * D; ++i) vq[i] = (float) ((i * 7) % 11 - 5) / 8.0f;
+        uint16_t * vr = xmalloc(L * D * sizeof(uint16_t));                   /* raw rows [L, 1, D]: 0.5 or -0.25 */
+        for (int i = 0; i < L * D; ++i) vr[i] = (i % 3) ? 0x3800u : 0xb400u;
+        uint8_t  * v4 = xmalloc(L * D / 2);                                  /* 4-bit rows [L, 1, D/2] */
+        for (int i = 0; i < L * D / 2; ++i) v4[i] = (uint8_t) ((i * 5) % 256);
+        uint16_t * v4p = xmalloc(2 * D * sizeof(uint16_t));                  /* scale 0.5, zero -1 */
+        for (int i = 0; i < D; ++i) { v4p[i] = 0x3800u; v4p[D + i] = 0xbc00u; }
+        const void * va[2] = { vr, v4 };
+        const void * vb[2] = { vr, v4p };
+        int32_t vl[2] = { L, L }, vk[2] = { 0, SEKV_RANK_Q4 };
+        float * vm = xmalloc(2 * H * sizeof(float));
+        EXPECT(sekv_span_mass(vq, H, 1, D, 2, vl, vk, va, vb, vm) == SEKV_N_OK);
+        for (int h = 0; h < H; ++h) {
+            double raw_sum = 0.0, q4_sum = 0.0;
+            for (int t = 0; t < L; ++t) {
+                double a = 0.0, b = 0.0;
+                for (int i = 0; i < D; ++i) {
+                    const uint8_t c = v4[(t * D + i) / 2];
+                    const int code = (i & 1) ? c >> 4 : c & 0x0f;
+                    a += vq[h * D + i] * ref_half(vr[t * D + i]);
+                    b += vq[h * D + i] * (-1.0 + 0.5 * code);
+                }
+                raw_sum += exp(a);
+                q4_sum += exp(b);
+            }
+            EXPECT(fabs(vm[h] - log(raw_sum)) < 1e-4);
+            EXPECT(fabs(vm[H + h] - log(q4_sum)) < 1e-4);
+        }
+        int8_t   * vc = xmalloc(B * D);                                       /* index [1, 1 span, B, D] */
+        for (int i = 0; i < B * D; ++i) vc[i] = (int8_t) ((i * 3) % 17 - 8);
+        uint16_t * vs = xmalloc(B * sizeof(uint16_t));
+        float    * vn = xmalloc(B * sizeof(float));
+        for (int b = 0; b < B; ++b) { vs[b] = 0x3400u; vn[b] = logf(16.0f); }  /* scale 0.25 */
+        vn[B - 1] = -INFINITY;                                                /* the last block is padding */
+        float vo[1];
+        EXPECT(sekv_index_score(vq, H, 1, D, 1, B, vc, vs, vn, vo) == SEKV_N_OK);
+        double best = -1e30;
+        for (int h = 0; h < H; ++h) {
+            double sum = 0.0;
+            for (int b = 0; b < B - 1; ++b) {
+                double dot = 0.0;
+                for (int i = 0; i < D; ++i) dot += vq[h * D + i] * vc[b * D + i];
+                sum += exp(0.25 * dot + log(16.0));
+            }
+            best = log(sum) > best ? log(sum) : best;
+        }
+        EXPECT(fabs(vo[0] - best) < 1e-4);
+        free(vq); free(vr); free(v4); free(v4p); free(vm); free(vc); free(vs); free(vn);
+    }
+
     free(f); free(h2);
     if (failures) {
         fprintf(stderr, "%d checks failed\n", failures);
