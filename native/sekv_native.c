@@ -554,10 +554,33 @@ static inline int sekv_is_neg_inf(float f) {
     return x == 0xff800000u;
 }
 
+/* sekv_lse_fold for ``group`` folds at once, their logits interleaved: x [n, group] (finite, overwritten) folded into
+ * (m[g], s[g]); the exponentials of all n * group logits in one vectorised pass (a fold of a few logits per head
+ * would take them one at a time); mx: scratch [group] */
+static inline __attribute__((always_inline)) void sekv_lse_fold_heads(float * x, int64_t n, int64_t group, float * mx,
+                                                                       float * m, float * s) {
+    for (int64_t g = 0; g < group; ++g) mx[g] = s[g] != 0.0f && m[g] > x[g] ? m[g] : x[g];
+    for (int64_t j = 1; j < n; ++j) {
+        for (int64_t g = 0; g < group; ++g) mx[g] = x[j*group + g] > mx[g] ? x[j*group + g] : mx[g];
+    }
+    for (int64_t j = 0; j < n; ++j) {
+        for (int64_t g = 0; g < group; ++g) x[j*group + g] -= mx[g];
+    }
+    const int64_t nx = n*group;
+#pragma omp simd
+    for (int64_t i = 0; i < nx; ++i) x[i] = expf(x[i]);
+    for (int64_t g = 0; g < group; ++g) {
+        s[g] = s[g] != 0.0f ? s[g]*expf(m[g] - mx[g]) : 0.0f;
+        m[g] = mx[g];
+    }
+    for (int64_t j = 0; j < n; ++j) {
+        for (int64_t g = 0; g < group; ++g) s[g] += x[j*group + g];
+    }
+}
+
 /* the compute of sekv_index_score (arguments checked, every span's first block real): per span and KV head the
  * logits of its real blocks for the group's query heads, [<= SEKV_INDEX_BLOCKS, group] at a time, folded per head
- * into a running logsumexp with one vectorised pass of expf over them (a span has a few blocks: a fold per head
- * would take its exponentials one at a time) */
+ * (sekv_lse_fold_heads) */
 #define SEKV_INDEX_BLOCKS 64
 static inline __attribute__((always_inline)) void sekv_index_score_body(
         const float * q, int64_t n_head, int64_t n_head_kv, int64_t d, int64_t n_spans, int64_t n_blocks,
@@ -588,24 +611,7 @@ static inline __attribute__((always_inline)) void sekv_index_score_body(
                     for (int64_t g = 0; g < group; ++g) xb[g] = sc*xb[g] + ln;
                     ++nb;
                 }
-                if (nb == 0) continue;
-                for (int64_t g = 0; g < group; ++g) mx[g] = sum[g] != 0.0f && top[g] > x[g] ? top[g] : x[g];
-                for (int64_t b = 1; b < nb; ++b) {
-                    for (int64_t g = 0; g < group; ++g) mx[g] = x[b*group + g] > mx[g] ? x[b*group + g] : mx[g];
-                }
-                for (int64_t b = 0; b < nb; ++b) {
-                    for (int64_t g = 0; g < group; ++g) x[b*group + g] -= mx[g];
-                }
-                const int64_t nx = nb*group;
-#pragma omp simd
-                for (int64_t j = 0; j < nx; ++j) x[j] = expf(x[j]);
-                for (int64_t g = 0; g < group; ++g) {
-                    sum[g] = sum[g] != 0.0f ? sum[g]*expf(top[g] - mx[g]) : 0.0f;
-                    top[g] = mx[g];
-                }
-                for (int64_t b = 0; b < nb; ++b) {
-                    for (int64_t g = 0; g < group; ++g) sum[g] += x[b*group + g];
-                }
+                if (nb > 0) sekv_lse_fold_heads(x, nb, group, mx, top, sum);
             }
             for (int64_t g = 0; g < group; ++g) {
                 const float lse = top[g] + logf(sum[g]);
