@@ -32,7 +32,7 @@ def test_two_policies_sharing_one_router_route_as_with_their_own(llama_model):
     first, _ = _run(llama_model, _tokens(llama_model, 900, 0), shared)
     later = _tokens(llama_model, 1500, 40000)  # more spans than the first run: its rows must not be reused
     got, got_bias = _run(llama_model, later, shared)
-    want, want_bias = _run(llama_model, later)
+    want, want_bias = _run(llama_model, later, LowRankMassRouter())  # a router of its own, of the same kind
     assert 0 < first.sekv.spans < got.sekv.spans
     assert got.sekv.zooms_per_step > 0
     for ikv, (g, w) in enumerate(zip(got_bias, want_bias)):
