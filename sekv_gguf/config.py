@@ -282,11 +282,11 @@ class SekvConfig:
         0.0, "the lexical pins keep only spans scoring at least this share of the best span's score (a question's "
              "template words, shared by every same-shaped sentence, then pin only the one its key names); 0: every "
              "positive score")
-    route_every: int = setting(4, "decode steps between routings (1: every step); zoomed spans stay resident between")
+    route_every: int = setting(2, "decode steps between routings (1: every step); zoomed spans stay resident between")
     max_new_zooms: int = setting(2, "most spans rebuilt per layer per decode step (the first routing after prefill "
                                     "has no limit); bounds the host->device traffic of a step, the zoom cache keeps "
                                     "what is already resident")
-    zoom_hold: float = setting(0.0, "nats added to a resident span's exact log mass when a two-stage router ranks it "
+    zoom_hold: float = setting(1.0, "nats added to a resident span's exact log mass when a two-stage router ranks it "
                                     "in a step's or chunk's routing: another span displaces it only with more than "
                                     "e^zoom_hold times its mass (fewer rebuilds; 0: none)")
     zoom_lag_refresh: bool = setting(True, "re-decode the last refresh_tokens prompt tokens after the first routing, "

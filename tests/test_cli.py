@@ -146,7 +146,7 @@ def test_run_step_routing_flags(tmp_path, tiny_llama):
     assert (args.step_routing, args.route_every) == ("lagged", 1)
     defaults = build_parser().parse_args(["run"])
     assert (defaults.step_routing, defaults.route_every, defaults.layer_steps, defaults.zoom_hold) == \
-        ("layer", 4, 0, 0)
+        ("layer", 2, 0, 1.0)
     doc = tmp_path / "doc.txt"
     doc.write_text(prose(3000, offset=100))
     routed = {}
@@ -157,7 +157,7 @@ def test_run_step_routing_flags(tmp_path, tiny_llama):
         r = _run("run", str(tiny_llama), "-f", str(doc), "-n", "9", "--kv-budget", "768", "--json", *flags)
         assert r.returncode == 0, r.stderr
         routed[flags] = json.loads(r.stdout)["sekv"]["layer_routed_steps"]
-    assert routed[()] == 2  # the default: every 4th step inside its decode (steps 4 and 8)
+    assert routed[()] == 4  # the default: every 2nd step inside its decode (steps 2, 4, 6 and 8)
     assert routed[lagged] == 0 and routed[every] >= 8  # none; every step after the first
     assert routed[answer] == 3  # the answer's first steps alone
     r = _run("run", str(tiny_llama), "-p", "x", "-n", "2", "--route-every", "0")

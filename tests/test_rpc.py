@@ -274,12 +274,18 @@ def test_a_step_routed_inside_its_decode_over_rpc(servers, tiny_llama, tiny_gemm
     print(f"\nstep {which} {routing} {placement}: {took * 1e3:.1f} ms over RPC, {took_local * 1e3:.1f} ms locally")
 
 
+# The servers compute with one thread, and a one-token decode on the CPU backend sums in an order that depends on
+# the thread count (measured: with 2 local threads layer 1's query differs from the server's by ~1e-5 relative, and
+# greedy tokens part at a near tie): runs compared token for token use one local thread too.
+ONE_THREAD = ContextConfig(n_threads=1)
+
+
 def _routed_generation(model, toks: list[int], turn: list[int]) -> tuple[list[int], object]:
     """Greedy tokens of a sekv memory whose every routing runs inside a decode (streamed chunks, a turn, steps), and
     its counters."""
     cfg = SekvConfig(prefill="streaming", chunk_routing="layer", turn_routing="layer", step_routing="layer",
                      route_every=2)
-    policy = make_policy("sekv", model, len(toks) + len(turn) + 32, ContextConfig(),
+    policy = make_policy("sekv", model, len(toks) + len(turn) + 32, ONE_THREAD,
                          BudgetConfig(kv_budget=512, chunk=128), cfg)
     try:
         out: list[int] = []
@@ -317,8 +323,7 @@ def _stepped(model, toks: list[int], n: int = 12):
     """A sekv memory at a small budget, prefilled and stepped ``n`` greedy tokens (routing every 2nd step, after the
     step). The policy (open: close it)."""
     cfg = SekvConfig(prefill="streaming", route_every=2)
-    policy = make_policy("sekv", model, len(toks) + n + 8, ContextConfig(), BudgetConfig(kv_budget=512, chunk=128),
-                         cfg)
+    policy = make_policy("sekv", model, len(toks) + n + 8, ONE_THREAD, BudgetConfig(kv_budget=512, chunk=128), cfg)
     logits = policy.prefill(toks)
     for _ in range(n):
         logits = policy.step(int(np.argmax(logits)))
