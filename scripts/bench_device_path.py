@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=2048, help="document tokens")
     ap.add_argument("--budget", type=int, default=512, help="device cells")
     ap.add_argument("--n-predict", type=int, default=16)
-    ap.add_argument("--route-every", type=int, default=4)
+    ap.add_argument("--route-every", type=int, default=SekvConfig.route_every, help="decode steps between routings")
     ap.add_argument("--out", default=str(ROOT / "bench" / "device-path.json"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
