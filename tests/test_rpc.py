@@ -320,8 +320,8 @@ def test_routed_generation_over_rpc_is_token_identical(servers, tiny_llama, tiny
 
 
 def _stepped(model, toks: list[int], n: int = 12):
-    """A sekv memory at a small budget, prefilled and stepped ``n`` greedy tokens (routing every 2nd step, after the
-    step). The policy (open: close it)."""
+    """A sekv memory at a small budget, prefilled and stepped ``n`` greedy tokens (every 2nd step routed inside its
+    decode). The policy (open: close it)."""
     cfg = SekvConfig(prefill="streaming", route_every=2)
     policy = make_policy("sekv", model, len(toks) + n + 8, ONE_THREAD, BudgetConfig(kv_budget=512, chunk=128), cfg)
     logits = policy.prefill(toks)
