@@ -53,10 +53,17 @@ def _assert_no_connection(endpoints: list[str]) -> None:
     assert _connections(endpoints) == 0, "a connection to an RPC server outlived its models"
 
 
+# The servers compute with one thread, and a one-token decode on the CPU backend sums in an order that depends on
+# the thread count (measured: with 2 local threads layer 1's query differs from the server's by ~1e-5 relative, and
+# greedy tokens part at a near tie): runs compared token for token use the servers' thread count locally too.
+SERVER_THREADS = 1
+LIKE_THE_SERVERS = ContextConfig(n_threads=SERVER_THREADS)
+
+
 @pytest.fixture(scope="module")
 def servers() -> Iterator[list[str]]:
-    """Two RPC servers (one CPU thread each) for the module."""
-    with RpcServer(threads=1) as a, RpcServer(threads=1) as b:
+    """Two RPC servers (``SERVER_THREADS`` CPU threads each) for the module."""
+    with RpcServer(threads=SERVER_THREADS) as a, RpcServer(threads=SERVER_THREADS) as b:
         yield [a.endpoint, b.endpoint]
         _assert_no_connection([a.endpoint, b.endpoint])
 
@@ -274,18 +281,12 @@ def test_a_step_routed_inside_its_decode_over_rpc(servers, tiny_llama, tiny_gemm
     print(f"\nstep {which} {routing} {placement}: {took * 1e3:.1f} ms over RPC, {took_local * 1e3:.1f} ms locally")
 
 
-# The servers compute with one thread, and a one-token decode on the CPU backend sums in an order that depends on
-# the thread count (measured: with 2 local threads layer 1's query differs from the server's by ~1e-5 relative, and
-# greedy tokens part at a near tie): runs compared token for token use one local thread too.
-ONE_THREAD = ContextConfig(n_threads=1)
-
-
 def _routed_generation(model, toks: list[int], turn: list[int]) -> tuple[list[int], object]:
     """Greedy tokens of a sekv memory whose every routing runs inside a decode (streamed chunks, a turn, steps), and
     its counters."""
     cfg = SekvConfig(prefill="streaming", chunk_routing="layer", turn_routing="layer", step_routing="layer",
                      route_every=2)
-    policy = make_policy("sekv", model, len(toks) + len(turn) + 32, ONE_THREAD,
+    policy = make_policy("sekv", model, len(toks) + len(turn) + 32, LIKE_THE_SERVERS,
                          BudgetConfig(kv_budget=512, chunk=128), cfg)
     try:
         out: list[int] = []
@@ -323,7 +324,8 @@ def _stepped(model, toks: list[int], n: int = 12):
     """A sekv memory at a small budget, prefilled and stepped ``n`` greedy tokens (every 2nd step routed inside its
     decode). The policy (open: close it)."""
     cfg = SekvConfig(prefill="streaming", route_every=2)
-    policy = make_policy("sekv", model, len(toks) + n + 8, ONE_THREAD, BudgetConfig(kv_budget=512, chunk=128), cfg)
+    policy = make_policy("sekv", model, len(toks) + n + 8, LIKE_THE_SERVERS, BudgetConfig(kv_budget=512, chunk=128),
+                         cfg)
     logits = policy.prefill(toks)
     for _ in range(n):
         logits = policy.step(int(np.argmax(logits)))
