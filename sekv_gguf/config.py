@@ -282,6 +282,9 @@ class SekvConfig:
         0.0, "the lexical pins keep only spans scoring at least this share of the best span's score (a question's "
              "template words, shared by every same-shaped sentence, then pin only the one its key names); 0: every "
              "positive score")
+    lexical_neighbours: int = setting(
+        0, "each lexical pin brings the spans this many places before and after it (its sentence's context, as full "
+           "attention reads it), right after it in the pins' order; 0: the pinned spans alone")
     route_every: int = setting(2, "decode steps between routings (1: every step); zoomed spans stay resident between")
     max_new_zooms: int = setting(2, "most spans rebuilt per layer per decode step (the first routing after prefill "
                                     "has no limit); bounds the host->device traffic of a step, the zoom cache keeps "
@@ -366,6 +369,8 @@ class SekvConfig:
             raise ValueError(f"lexical_min_ratio must be in [0, 1], got {self.lexical_min_ratio}")
         if not 1 <= self.lexical_ngram <= 4:
             raise ValueError(f"lexical_ngram must be in 1..4, got {self.lexical_ngram}")
+        if self.lexical_neighbours < 0:
+            raise ValueError(f"lexical_neighbours must be >= 0, got {self.lexical_neighbours}")
         for name in ("route_every", "max_new_zooms", "lexical_cue", "lexical_max_spans"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

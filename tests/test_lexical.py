@@ -12,7 +12,7 @@ import pytest
 from helpers import prose
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
-from sekv_gguf.policies.lexical import lexical_pins, lexical_scores, ngram_keys, span_of_positions
+from sekv_gguf.policies.lexical import lexical_pins, lexical_scores, ngram_keys, span_of_positions, with_neighbours
 from sekv_gguf.policies.zoom import choose_around, fit_in_order
 from sekv_gguf.spans import Span
 
@@ -52,6 +52,16 @@ def test_scores_weigh_rare_ngrams_and_ignore_common_ones():
     assert lexical_pins(toks, spans, SekvConfig(lexical_cue=1)) == []  # a one-token question has no bigram
     assert lexical_pins(toks, spans, replace(cfg, lexical_min_ratio=0.5)) == [1, 3, 4]  # log(6/2) >= log(6) / 2
     assert lexical_pins(toks, spans, replace(cfg, lexical_min_ratio=0.7)) == [1]
+    # each pin brings its neighbours right after it (nearest first, before then after), every span once
+    assert lexical_pins(toks, spans, replace(cfg, lexical_neighbours=1)) == [1, 0, 2, 3, 4]
+    assert lexical_pins(toks, spans, replace(cfg, lexical_min_ratio=0.7, lexical_neighbours=1)) == [1, 0, 2]
+    assert lexical_pins(toks, spans, replace(cfg, lexical_min_ratio=0.7, lexical_neighbours=9)) == [1, 0, 2, 3, 4]
+
+
+def test_neighbours_stay_inside_the_spans():
+    assert with_neighbours([0, 4], 5, 2) == [0, 1, 2, 4, 3]
+    assert with_neighbours([2], 5, 0) == [2]
+    assert with_neighbours([], 5, 3) == []
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -60,6 +70,7 @@ def test_scores_weigh_rare_ngrams_and_ignore_common_ones():
     ({"lexical_min_ratio": -0.1}, "lexical_min_ratio must be in [0, 1], got -0.1"),
     ({"lexical_cue": 0}, "lexical_cue must be >= 1, got 0"),
     ({"lexical_max_spans": 0}, "lexical_max_spans must be >= 1, got 0"),
+    ({"lexical_neighbours": -1}, "lexical_neighbours must be >= 0, got -1"),
 ])
 def test_bad_lexical_settings_are_refused(bad, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -72,4 +72,19 @@ def lexical_pins(tokens: np.ndarray, spans: list[Span], config: SekvConfig) -> l
     scores = lexical_scores(tokens, spans, config)
     order = np.argsort(-scores, kind="stable")
     floor = config.lexical_min_ratio * float(scores.max(initial=0.0))
-    return [int(sid) for sid in order if scores[sid] > 0 and scores[sid] >= floor]
+    pins = [int(sid) for sid in order if scores[sid] > 0 and scores[sid] >= floor]
+    return with_neighbours(pins, len(spans), config.lexical_neighbours)
+
+
+def with_neighbours(pins: list[int], n_spans: int, reach: int) -> list[int]:
+    """``pins`` (span ids, best first), each followed by the spans up to ``reach`` places before and after it
+    (nearest first, before then after; ids below ``n_spans``), every id once."""
+    out: list[int] = []
+    seen: set[int] = set()
+    for sid in pins:
+        near = [sid] + [n for d in range(1, reach + 1) for n in (sid - d, sid + d)]
+        for n in near:
+            if 0 <= n < n_spans and n not in seen:
+                seen.add(n)
+                out.append(n)
+    return out
