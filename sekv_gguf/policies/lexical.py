@@ -68,7 +68,7 @@ def lexical_scores(tokens: np.ndarray, spans: list[Span], config: SekvConfig) ->
 
 def lexical_pins(tokens: np.ndarray, spans: list[Span], config: SekvConfig) -> list[int]:
     """Span ids of a positive lexical score of at least ``lexical_min_ratio`` of the best one, best first (ties: the
-    lower id)."""
+    lower id), each followed by its ``lexical_neighbours`` (``with_neighbours``)."""
     scores = lexical_scores(tokens, spans, config)
     order = np.argsort(-scores, kind="stable")
     floor = config.lexical_min_ratio * float(scores.max(initial=0.0))
