@@ -17,16 +17,11 @@ import numpy as np
 from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
+from sekv_gguf.eval.fidelity import log_softmax
+from sekv_gguf.eval.trace import multiturn_conversation
 from sekv_gguf.models import FETCHERS, default_model_path
 from sekv_gguf.provenance import envelope
-from sekv_gguf.ruler_tasks import make_case
 from sekv_gguf.session import load_model
-
-
-def probabilities(logits: np.ndarray) -> np.ndarray:
-    z = np.asarray(logits, dtype=np.float64)  # [n_vocab]
-    p = np.exp(z - z.max())
-    return p / p.sum()
 
 
 def forced(model, doc: list[int], question: list[int], answer: str, name: str, budget: float | None,
@@ -40,7 +35,7 @@ def forced(model, doc: list[int], question: list[int], answer: str, name: str, b
         policy.prefill(doc)
         logits = policy.append(question)
         for token in target:
-            p = probabilities(logits)
+            p = np.exp(log_softmax(np.asarray(logits)))  # [n_vocab]
             best = int(np.argmax(p))
             rows.append({"token": policy.session.text([token]), "p": round(float(p[token]), 3),
                          "top": policy.session.text([best]), "p_top": round(float(p[best]), 3)})
@@ -63,18 +58,15 @@ def main() -> int:
     path = default_model_path() if args.model == "gemma" else FETCHERS[args.model]() if args.model in FETCHERS \
         else Path(args.model)
     model = load_model(str(path))
-    count = lambda s: len(model.tokenize(s.encode(), add_bos=True, special=False))  # noqa: E731
     params = SekvConfig(**sekv_overrides(args.sekv or []))
     rows = []
     for seed in args.seeds:
-        case = make_case("niah_multiturn", count, args.tokens, seed, "prose")
-        doc = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
-        turn = case.meta["turns"][0]
-        question = model.tokenize(turn["text"].encode(), add_bos=False, special=False)
+        conv = multiturn_conversation(model, args.tokens, seed)
+        question, answer = conv.turns[0]
         for name, budget, p in (("full", None, None), ("sekv", args.budget, params)):
-            row = {"seed": seed, "policy": name, "budget": budget, "answer": turn["answer"],
-                   "other_values": [v for v in case.answers if v != turn["answer"]],
-                   "tokens": forced(model, doc, question, turn["answer"], name, budget, p, args.threads)}
+            row = {"seed": seed, "policy": name, "budget": budget, "answer": answer,
+                   "other_values": [v for v in conv.case.answers if v != answer],
+                   "tokens": forced(model, conv.doc, question, answer, name, budget, p, args.threads)}
             rows.append(row)
             print(json.dumps(row), flush=True)
             Path(args.out).write_text(json.dumps({**envelope(), "model": path.name, "params": vars(args),

@@ -19,11 +19,11 @@ from sekv_gguf.cli import sekv_overrides
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.decode import decode_loop, greedy
 from sekv_gguf.engine import make_policy
-from sekv_gguf.eval.trace import sekv_memory, spans_holding
+from sekv_gguf.eval.trace import multiturn_conversation, sekv_memory, spans_holding
 from sekv_gguf.models import default_model_path
 from sekv_gguf.policies import Policy
 from sekv_gguf.provenance import envelope
-from sekv_gguf.ruler_tasks import answer_span, make_case, token_range
+from sekv_gguf.ruler_tasks import answer_span, token_range
 from sekv_gguf.session import load_model
 
 N_TOP = 5  # first-answer-token candidates reported
@@ -110,10 +110,8 @@ def main() -> int:
     params = SekvConfig(**sekv_overrides(args.sekv or []))
     rows = []
     for seed in args.seeds:
-        case = make_case("niah_multiturn", count, args.tokens, seed, "prose")
-        doc = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
-        turns = [(model.tokenize(t["text"].encode(), add_bos=False, special=False), t["answer"])
-                 for t in case.meta["turns"]]
+        conv = multiturn_conversation(model, args.tokens, seed)
+        case, doc, turns = conv.case, conv.doc, conv.turns
         spans_of = [token_range(count, case.prompt, answer_span(case, v)) for v in case.answers]
         runs = [] if args.no_full else [("full", None, None, "")]
         runs += [("sekv", args.budget, params, m) for m in ([""] + (["force", "isolate"] if args.force else []))]

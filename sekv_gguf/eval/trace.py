@@ -4,12 +4,33 @@ which of those spans each hooked layer holds zoomed."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..policies import Policy
 from ..policies.sekv_memory import SekvMemory
+from ..ruler_tasks import Case, make_case
+
+
+@dataclass
+class Conversation:
+    """The multi-turn evaluation's case (``eval --tasks niah_multiturn``, prose haystack) in a model's tokens."""
+
+    case: Case
+    doc: list[int]                           # the document, with BOS
+    turns: list[tuple[list[int], str]]       # each question's tokens and its answer, in the order asked
+
+
+def multiturn_conversation(model, n_tokens: int, seed: int) -> Conversation:
+    """Seed ``seed``'s multi-turn case of ``n_tokens`` tokens, sized and tokenized by ``model`` (a llama_cpp.Llama)."""
+    count = lambda s: len(model.tokenize(s.encode(), add_bos=True, special=False))  # noqa: E731
+    case = make_case("niah_multiturn", count, n_tokens, seed, "prose")
+    doc = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
+    turns = [(model.tokenize(t["text"].encode(), add_bos=False, special=False), t["answer"])
+             for t in case.meta["turns"]]
+    return Conversation(case, doc, turns)
 
 
 def sekv_memory(policy: Policy) -> SekvMemory | None:
