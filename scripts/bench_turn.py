@@ -1,5 +1,6 @@
 """Time to first token of a conversation's plain turns, side by side in one process: a stock ``llama_cpp.Llama``
-(prefix reuse, full KV), ``SekvLlama`` routing each turn inside its one decode (``turn_routing="layer"``) and
+(prefix reuse, full KV), ``SekvLlama`` routing each turn inside its one decode (``turn_routing="layer"``; by a query
+probe on each of the turn's tokens, ``turn_probes``, and ``layer-last``: by its last token's query alone) and
 ``SekvLlama`` with the two-pass turn (``refresh``), asked the same questions in turn over a ~6K-token document.
 Writes bench/turn.json and bench/turn.png.
 
@@ -21,12 +22,16 @@ from sekv_gguf.eval.conversation import MODELS, SYSTEM, document, question  # th
 from sekv_gguf.llm import SekvLlama
 from sekv_gguf.provenance import envelope
 
-ENGINES = ("stock", "layer", "refresh")
+# the SeKV engines: name -> the settings that differ from the defaults
+SEKV_ENGINES = {"layer": {"turn_routing": "layer", "turn_probes": True},
+                "layer-last": {"turn_routing": "layer", "turn_probes": False},
+                "refresh": {"turn_routing": "refresh"}}
+ENGINES = ("stock", *SEKV_ENGINES)
 
 
-def sekv_llama(path: str, fmt: str | None, routing: str, args: argparse.Namespace) -> SekvLlama:
+def sekv_llama(path: str, fmt: str | None, settings: dict, args: argparse.Namespace) -> SekvLlama:
     return SekvLlama(path, kv_budget=args.kv_budget, n_ctx=args.n_ctx, n_threads=args.threads, chat_format=fmt,
-                     sekv=SekvConfig(turn_routing=routing))
+                     sekv=SekvConfig(**settings))
 
 
 def ask(engine: llama_cpp.Llama, messages: list[dict], content: str, max_tokens: int) -> tuple[float, str]:
@@ -45,7 +50,7 @@ def ask(engine: llama_cpp.Llama, messages: list[dict], content: str, max_tokens:
 def run_model(path: str, fmt: str | None, doc: str, args: argparse.Namespace) -> dict:
     engines = {"stock": llama_cpp.Llama(path, n_ctx=args.n_ctx, flash_attn=True, n_threads=args.threads,
                                         n_threads_batch=args.threads, chat_format=fmt, verbose=False),
-               "layer": sekv_llama(path, fmt, "layer", args), "refresh": sekv_llama(path, fmt, "refresh", args)}
+               **{name: sekv_llama(path, fmt, settings, args) for name, settings in SEKV_ENGINES.items()}}
     messages = {name: [{"role": "system", "content": SYSTEM}] for name in engines}
     out: dict = {name: {"first_turn_s": None, "ttft_s": [], "replies": []} for name in engines}
     for name, engine in engines.items():

@@ -316,6 +316,11 @@ class SekvConfig:
                  'to "refresh": decode, '
                  "route with the captured queries, decode the turn again (the tail refresh of zoom_lag_refresh)",
         choices=("layer", "refresh"))
+    turn_probes: bool = setting(
+        False, 'a turn routed inside its decode (turn_routing="layer") ranks the spans, per layer, by the queries of '
+               "(nearly) each of its tokens, each span by its best (the question's key words read the sentence that "
+               "holds the key, as the chunks' probes do; where the callback is refused, the two-pass turn routes by "
+               "the chunk_probes its decode captured); off: the turn's last token's query alone")
     chunk_routing: str = setting(
         "layer", "how a streamed prompt's chunks reach the spans already compressed. \"layer\": each llama_decode of "
                  "a chunk (n_outputs tokens when surprisal is scored) routes inside itself, each hooked layer with "

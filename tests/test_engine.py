@@ -47,7 +47,7 @@ def test_full_rank_all_zoomed_equals_full(llama_model, gemma_model, which, flash
 
 
 @pytest.mark.parametrize("which, routing", [("llama", "layer"), ("gemma", "layer"), ("llama", "refresh"),
-                                           ("llama", "refused")])
+                                           ("llama", "refused"), ("llama", "probes"), ("gemma", "probes")])
 def test_a_turn_zoomed_inside_its_decode_equals_full(llama_model, gemma_model, which, routing):
     """The exactness anchor for a turn: after an exact full-rank prefill, every zoom is dropped (the spans are then
     invisible: their summary rows stay masked), so the turn's routing must rebuild every span in every layer. With
@@ -56,7 +56,8 @@ def test_a_turn_zoomed_inside_its_decode_equals_full(llama_model, gemma_model, w
     second pass on llama; not on Gemma's iSWA after an exact prefill, where it can re-decode only the last token
     (the sliding-window cache moved over from the full context holds no more), so the turn's earlier tokens keep
     what they read without the spans. ``refused``: ``"layer"`` where the hook refuses the callback — the turn falls
-    back to the two passes, with the same logits. (test_rpc.py runs this body with the cache on RPC servers.)"""
+    back to the two passes, with the same logits. ``probes``: ``"layer"`` with ``turn_probes``, each layer ranking
+    by every token's query. (test_rpc.py runs this body with the cache on RPC servers.)"""
     turn_zoomed_inside_its_decode(llama_model if which == "llama" else gemma_model, routing)
 
 
@@ -70,9 +71,10 @@ def turn_zoomed_inside_its_decode(model, routing: str, **ctx: object) -> tuple[n
     full.prefill(toks)
     want = full.append(turn)
     full.close()
-    layer = routing in ("layer", "refused")
+    layer = routing in ("layer", "refused", "probes")
+    in_decode = routing in ("layer", "probes")  # routed inside the turn's one decode
     cfg = SekvConfig(prefill="exact", energy=1.0, zoom_share=0.6, compress_when_fits=True, elastic_window=False,
-                     host_format="f16", turn_routing="layer" if layer else routing)
+                     host_format="f16", turn_routing="layer" if layer else routing, turn_probes=routing == "probes")
     policy = make_policy("sekv", model, len(toks) + 32, cc, BudgetConfig(kv_budget=2048, chunk=128), cfg)
     try:
         policy.prefill(toks)
@@ -86,8 +88,8 @@ def turn_zoomed_inside_its_decode(model, routing: str, **ctx: object) -> tuple[n
         took = time.perf_counter() - t0
         spans = len(policy.memory.store)
         assert all(len(resident) == spans for resident in policy.memory.zoom.resident)
-        assert (policy.session.decoded_tokens - decoded == len(turn)) == (routing == "layer")
-        assert policy.memory.counters.layer_routed_turns == (routing == "layer")
+        assert (policy.session.decoded_tokens - decoded == len(turn)) == in_decode
+        assert policy.memory.counters.layer_routed_turns == in_decode
     finally:
         policy.close()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())

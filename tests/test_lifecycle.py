@@ -185,6 +185,42 @@ def test_a_turn_is_decoded_once_with_one_logits_row(llama_model, gemma_model, wh
     assert cost["refresh"][1] == 2 and cost["prompt"][1] == len(turn) + 1
 
 
+@pytest.mark.parametrize("case", ["last", "probes", "refused"])
+def test_turn_probes_rank_each_layer_by_every_token_of_the_turn(llama_model, monkeypatch, case):
+    """``turn_probes``: the turn's in-decode routing hands each layer the queries of every token of the turn (as
+    more query heads, ``probe_heads``), not only its last token's (``last``: off); the capture's probe count is put
+    back after the turn, so later chunks and steps capture what they did. ``refused``: where the hook refuses the
+    callback, the two-pass turn routes by the probes its decode captured (``chunk_probes``)."""
+    from sekv_gguf.router import probes_that_fit
+
+    doc, turn = _tokens(llama_model, 1400, 300), _tokens(llama_model, 21, 7000)[1:]
+    policy = make_policy("sekv", llama_model, 2000, budget=BUDGET, params=SekvConfig(turn_probes=case != "last"))
+    try:
+        policy.append(doc)
+        hook, layer = policy.session.hook, policy.session.hook.layers[0]
+        probes = hook.query_probes
+        if case == "refused":
+            _refuse_layer_callback(policy, monkeypatch)
+        seen = []
+        route_layer = policy.routing.route_layer
+
+        def spy(memory, ikv, query, router, kind):
+            seen.append((kind, query.shape))
+            return route_layer(memory, ikv, query, router, kind)
+
+        monkeypatch.setattr(policy.routing, "route_layer", spy)
+        logits = policy.append(turn)
+        check_invariants(policy)
+        assert policy.memory.counters.layer_routed_turns == (case != "refused") and hook.query_probes == probes
+        n_probes = {"last": 1, "probes": probes_that_fit(len(turn), layer.n_head, layer.n_head_kv, layer.head_dim_k),
+                    "refused": probes}[case]
+        assert n_probes == {"last": 1, "probes": len(turn), "refused": 16}[case]  # this model takes them all
+        assert seen == [("prompt", (layer.n_head * n_probes, layer.head_dim_k))] * policy.memory.store.n_layer
+        _greedy(policy, logits, 2)
+    finally:
+        policy.close()
+
+
 def _refuse_layer_callback(policy, monkeypatch) -> list:
     """Make the policy's hook refuse the layer callback as a context with an eval callback of its own does; the list
     of the refused requests."""

@@ -125,7 +125,7 @@ class SekvPolicy(Policy):
         if turn and len(mem.store) and cfg.turn_routing == "layer" and self.routing.layer_callback:
             mem.make_room(len(tokens))
             self._pin(tokens)
-            logits = self.routing.in_layers(mem, lambda: mem.decode(tokens, scored, fill), "prompt")
+            logits = self._turn_in_layers(tokens, scored, fill)
             if logits is not None:
                 mem.counters.layer_routed_turns += 1
                 self._chunk_done(len(tokens))
@@ -139,7 +139,7 @@ class SekvPolicy(Policy):
         if len(mem.store):
             changes = mem.zoom.changes
             self._pin(tokens)
-            self.routing.route(mem, kind="prompt")
+            self.routing.route(mem, kind="prompt", probes=turn and cfg.turn_probes)  # a turn: by its captured probes
             reroute = cfg.prompt_reroute and not turn and mem.hook.query_probes > 1
             if cfg.zoom_lag_refresh and (reroute or mem.zoom.changes != changes):  # the tail saw other spans
                 if reroute:
@@ -148,6 +148,25 @@ class SekvPolicy(Policy):
                     logits = refresh_tail(mem, tokens, cfg.refresh_tokens if turn else self.tail_refresh)
                 self.notify()
         return logits
+
+    def _turn_in_layers(self, tokens: list[int], scored: bool, fill: float) -> np.ndarray | None:
+        """A turn decoded with each layer routing inside the decode (``SpanRouting.in_layers``); with
+        ``turn_probes``, by a query probe on (nearly) each of its tokens. Its logits, or None where the hook refuses
+        the callback."""
+        mem, hook = self.memory, self.memory.hook
+
+        def decode() -> np.ndarray:
+            return mem.decode(tokens, scored, fill)
+
+        if not (self.config.turn_probes and self.router.takes_probes):
+            return self.routing.in_layers(mem, decode, "prompt")
+        layer = hook.layers[0]
+        probes = hook.query_probes
+        hook.set_query_probes(probes_that_fit(len(tokens), layer.n_head, layer.n_head_kv, layer.head_dim_k))
+        try:
+            return self.routing.in_layers(mem, decode, "prompt", probes=True)
+        finally:
+            hook.set_query_probes(probes)
 
     def _pin(self, incoming: list[int]) -> None:
         """``lexical_share``: the memory's lexical pins for this prompt's or turn's routings and the decode steps

@@ -93,10 +93,12 @@ class SpanRouting:
         memory.zoom.zoom(ikv, chosen, memory.store.spans, memory.clock, capped=kind != "prompt")
 
     @single_threaded_blas
-    def in_layers(self, memory: SekvMemory, decode: Callable[[], np.ndarray], kind: str) -> np.ndarray | None:
+    def in_layers(self, memory: SekvMemory, decode: Callable[[], np.ndarray], kind: str,
+                  probes: bool = False) -> np.ndarray | None:
         """Run ``decode`` (decodes into ``memory``'s context) with each hooked layer routing, in every llama_decode,
-        with that decode's own query before its attention reads the cache (the hook's layer callback); its logits,
-        or None, with nothing decoded, where the hook refuses the callback (it is not asked again)."""
+        with that decode's own query before its attention reads the cache (the hook's layer callback; ``probes``:
+        every captured probe's, as a chunk's); its logits, or None, with nothing decoded, where the hook refuses the
+        callback (it is not asked again)."""
         router, counters = self.router_for(kind), memory.counters
         rebuilt = memory.zoom.rebuilt_rows
         per_decode = kind == "chunk"  # a chunk's every llama_decode is a routing of its own
@@ -108,7 +110,7 @@ class SpanRouting:
             if per_decode and ikv == 0:
                 memory.clock += 1
                 self.count(memory, kind)
-            self.route_layer(memory, ikv, self.query(memory, ikv, router, kind), router, kind)
+            self.route_layer(memory, ikv, self.query(memory, ikv, router, "chunk" if probes else kind), router, kind)
             dt = time.perf_counter() - t0
             counters.zoom_s += dt
             counters.step_route_s += dt if kind == "step" else 0.0
