@@ -1,7 +1,7 @@
 """Time to first token of a conversation's plain turns, side by side in one process: a stock ``llama_cpp.Llama``
-(prefix reuse, full KV), ``SekvLlama`` routing each turn inside its one decode (``turn_routing="layer"``; by a query
-probe on each of the turn's tokens, ``turn_probes``, and ``layer-last``: by its last token's query alone) and
-``SekvLlama`` with the two-pass turn (``refresh``), asked the same questions in turn over a ~6K-token document.
+(prefix reuse, full KV), ``SekvLlama`` routing each turn inside its one decode (``turn_routing="layer"``; ``probes``:
+by a query probe on each of the turn's tokens, ``turn_probes``) and ``SekvLlama`` with the two-pass turn
+(``refresh``), asked the same questions in turn over a ~6K-token document.
 Writes bench/turn.json and bench/turn.png.
 
     .venv/bin/python scripts/bench_turn.py [--models gemma smollm2] [--turns 8] [--threads 2]
@@ -23,8 +23,8 @@ from sekv_gguf.llm import SekvLlama
 from sekv_gguf.provenance import envelope
 
 # the SeKV engines: name -> the settings that differ from the defaults
-SEKV_ENGINES = {"layer": {"turn_routing": "layer", "turn_probes": True},
-                "layer-last": {"turn_routing": "layer", "turn_probes": False},
+SEKV_ENGINES = {"layer": {"turn_routing": "layer"},
+                "probes": {"turn_routing": "layer", "turn_probes": True},
                 "refresh": {"turn_routing": "refresh"}}
 ENGINES = ("stock", *SEKV_ENGINES)
 
