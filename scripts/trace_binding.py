@@ -122,12 +122,12 @@ def needle_rows(rows: np.ndarray, k: np.ndarray, exact, ikv: int, needles) -> li
     return out
 
 
-def forced(model, doc, question, answer, needles, name, budget, params, threads, exact=None) -> dict:
+def forced(model, doc, question, answer, needles, name, budget, params, threads, chunk, exact=None) -> dict:
     """The right answer fed token by token after ``question``: per token p(it), and before it every layer's and
     head's mass on each needle."""
     target = model.tokenize((" " + answer).encode(), add_bos=False, special=False)
     policy = make_policy(name, model, len(doc) + len(question) + len(target) + 1, ContextConfig(n_threads=threads),
-                         BudgetConfig(kv_budget=budget or 1.0), params)
+                         BudgetConfig(kv_budget=budget or 1.0, chunk=chunk), params)
     policy.session.hook.enable_query_capture()  # full KV's policy does not capture queries of its own
     steps = []
     try:
@@ -153,6 +153,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--budget", type=float, default=0.2)
     ap.add_argument("--sekv", action="append", metavar="KEY=VALUE", help="a SekvConfig override (repeatable)")
+    ap.add_argument("--chunk", type=int, default=BudgetConfig.chunk, help="prompt tokens per llama_decode")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/trace-binding.json")
     args = ap.parse_args()
@@ -164,9 +165,9 @@ def main() -> int:
     question, answer = conv.turns[0]
     values = [answer] + [v for v in conv.case.answers if v != answer]       # the asked needle first
     needles = [token_range(count, conv.case.prompt, answer_span(conv.case, v)) for v in values]
-    full = forced(model, conv.doc, question, answer, needles, "full", None, None, args.threads)
+    full = forced(model, conv.doc, question, answer, needles, "full", None, None, args.threads, args.chunk)
     sekv = forced(model, conv.doc, question, answer, needles, "sekv", args.budget,
-                  SekvConfig(**sekv_overrides(args.sekv or [])), args.threads, full["exact"])
+                  SekvConfig(**sekv_overrides(args.sekv or [])), args.threads, args.chunk, full["exact"])
     rows = [full, sekv]
     for row in rows:
         del row["exact"]

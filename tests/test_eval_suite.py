@@ -151,15 +151,15 @@ def test_fidelity_runs_are_sized_for_what_they_hold(llama_model, monkeypatch):
     seen, real = [], suite.make_policy
 
     def spy(name, model, n_context, ctx_config, budget, *args, **kwargs):
-        seen.append((name, n_context, budget.kv_budget))
+        seen.append((name, n_context, budget.kv_budget, budget.chunk))
         return real(name, model, n_context, ctx_config, budget, *args, **kwargs)
 
     monkeypatch.setattr(suite, "make_policy", spy)
     cfg = EvalConfig(policies=("full", "snapkv", "streaming"), budgets=(0.25,), tasks=("niah_number",),
-                     lengths=(1024,), haystacks=("prose",), samples=0, fidelity_docs=1, fidelity_steps=8)
+                     lengths=(1024,), haystacks=("prose",), samples=0, fidelity_docs=1, fidelity_steps=8, chunk=64)
     result = run_suite(llama_model, cfg, progress=False)
     assert result["cases"] == [] and len(result["fidelity"]) == 2
-    assert seen == [("full", 520, 1.0), ("snapkv", 520, 256), ("streaming", 520, 256)]
+    assert seen == [("full", 520, 1.0, 64), ("snapkv", 520, 256, 64), ("streaming", 520, 256, 64)]  # --chunk
     kls = {r["policy"]: r["kl_mean"] for r in result["fidelity"]}
     assert kls["snapkv"] != kls["streaming"]  # SnapKV's selection ran
     with pytest.raises(ValueError, match="nothing to run"):
@@ -215,6 +215,8 @@ def test_bad_eval_input_is_refused(llama_model, capsys):
         EvalConfig(tasks=("bogus",))
     with pytest.raises(ValueError, match="budgets are fractions"):
         EvalConfig(budgets=(0.0,))
+    with pytest.raises(ValueError, match="chunk must be >= 1 token, got 0"):
+        EvalConfig(chunk=0)
     with pytest.raises(ValueError, match="'variable_tracking' has no single needle depth"):
         EvalConfig(tasks=("niah_number", "variable_tracking"), depths=(0.5,))
     with pytest.raises(ValueError, match="depths are fractions"):

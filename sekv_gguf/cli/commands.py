@@ -206,6 +206,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                      n_predict=args.n_predict, fidelity_docs=args.fidelity_docs, fidelity_steps=args.fidelity_steps,
                      fidelity_corpora=tuple(args.fidelity_corpora),
                      seed=args.seed, depths=tuple(args.depths), adapter=args.adapter, equal_total=args.equal_total,
+                     chunk=args.chunk,
                      sekv=({"router": args.router} if args.router else {}) | sekv_overrides(args.sekv or []),
                      sekv_variants=tuple(sekv_overrides(v.split(",")) for v in args.sekv_variant or []))
     path = _model_path(args.model)

@@ -125,6 +125,7 @@ EVAL_FLAGS: dict[str, dict[str, Any]] = {
     "depths": {"metavar": "FRACTION", "help": "pin the needle depth: sample s at DEPTHS[s %% len(DEPTHS)] (default: "
                                               "each seed draws one)"},
     "adapter": {"help": "trained router adapter for sekv (its runs are reported as sekv-trained)"},
+    "chunk": {"help": "prompt tokens per llama_decode, every policy (a streamed sekv prompt: a routing each)"},
     "equal_total": {"help": "also run every baseline at the device + host bytes of the sekv run at each budget (on a "
                             "CPU the same RAM), reported as <policy>=total@<budget>"},
 }

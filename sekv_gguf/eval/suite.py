@@ -55,6 +55,7 @@ class EvalConfig:
     sekv: dict[str, Any] = field(default_factory=dict)  # SekvConfig overrides
     sekv_variants: tuple[dict[str, Any], ...] = ()  # more sekv runs, each with these overrides on top of ``sekv``
     # (named by them, e.g. sekv-mass); the runs of one prompt share its full-attention passes (SharedPasses)
+    chunk: int = BudgetConfig.chunk  # prompt tokens per llama_decode, every policy (BudgetConfig.chunk)
     equal_total: bool = False  # also run each baseline at the device + host bytes of the sekv run at each budget
     # (on a CPU both are the same RAM): named <policy>=total, filed under that budget, at its own share of the context
     adapter: str | None = None  # trained router adapter for sekv (its runs are named "sekv-trained")
@@ -72,6 +73,8 @@ class EvalConfig:
             raise ValueError(f"budgets are fractions of the context in (0, 1], got {list(self.budgets)}")
         if any(n < 256 for n in self.lengths):
             raise ValueError(f"lengths must be >= 256 tokens, got {list(self.lengths)}")
+        if self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1 token, got {self.chunk}")
         if self.samples < 0 or self.n_predict < 1 or self.fidelity_docs < 0 or self.fidelity_steps < 1:
             raise ValueError("n_predict and fidelity_steps must be >= 1, samples and fidelity_docs >= 0")
         if self.samples == 0 and self.fidelity_docs == 0:
@@ -146,7 +149,7 @@ def run_suite(model: Any, cfg: EvalConfig, ctx_config: ContextConfig | None = No
     passes = SharedPasses()
 
     def make(name: str, budget: float | int | None, n_context: int, overrides: dict[str, Any] | None = None):
-        policy = make_policy(name, model, n_context, ctx_config, BudgetConfig(kv_budget=budget or 1.0),
+        policy = make_policy(name, model, n_context, ctx_config, BudgetConfig(kv_budget=budget or 1.0, chunk=cfg.chunk),
                              SekvConfig(**(overrides or {})) if name == "sekv" else None,
                              router=router if name == "sekv" else None)
         policy.shared_passes = passes
