@@ -19,7 +19,7 @@ from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
 from sekv_gguf.eval.fidelity import log_softmax
 from sekv_gguf.eval.trace import multiturn_conversation
-from sekv_gguf.models import FETCHERS, default_model_path
+from sekv_gguf.models import model_by_name
 from sekv_gguf.provenance import envelope
 from sekv_gguf.session import load_model
 
@@ -55,8 +55,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/answer-digits.json")
     args = ap.parse_args()
-    path = default_model_path() if args.model == "gemma" else FETCHERS[args.model]() if args.model in FETCHERS \
-        else Path(args.model)
+    path = model_by_name(args.model)
     model = load_model(str(path))
     params = SekvConfig(**sekv_overrides(args.sekv or []))
     rows = []

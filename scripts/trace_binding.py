@@ -21,7 +21,7 @@ from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
 from sekv_gguf.eval.fidelity import log_softmax
 from sekv_gguf.eval.trace import multiturn_conversation, sekv_memory
-from sekv_gguf.models import FETCHERS, default_model_path
+from sekv_gguf.models import model_by_name
 from sekv_gguf.provenance import envelope
 from sekv_gguf.ruler_tasks import answer_span, token_range
 from sekv_gguf.session import load_model
@@ -157,8 +157,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/trace-binding.json")
     args = ap.parse_args()
-    path = default_model_path() if args.model == "gemma" else FETCHERS[args.model]() if args.model in FETCHERS \
-        else Path(args.model)
+    path = model_by_name(args.model)
     model = load_model(str(path))
     count = lambda s: len(model.tokenize(s.encode(), add_bos=True, special=False))  # noqa: E731
     conv = multiturn_conversation(model, args.tokens, args.seed)

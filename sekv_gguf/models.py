@@ -132,6 +132,13 @@ def default_chat_model_path(fetch: bool = True, progress: bool = True) -> Path:
 FETCHERS = {"qwen-coder": qwen_coder_path, "smollm2": smollm2_path}
 
 
+def model_by_name(name: str) -> Path:
+    """``"gemma"`` (the default model), a ``FETCHERS`` name (fetched on first use), or else a GGUF path."""
+    if name == "gemma":
+        return default_model_path()
+    return FETCHERS[name]() if name in FETCHERS else Path(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m sekv_gguf.models NAME``: fetch an optional model (``FETCHERS``) and print its path."""
     args = sys.argv[1:] if argv is None else argv

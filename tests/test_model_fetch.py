@@ -74,3 +74,13 @@ def test_a_wrong_total_size_is_refused(fake_index, monkeypatch):
 def test_fetch_command_names_what_it_knows(capsys):
     assert models.main(["nonesuch"]) == 2
     assert "qwen-coder" in capsys.readouterr().err
+
+
+def test_a_model_by_name_is_the_default_a_fetcher_or_a_path(monkeypatch):
+    """The scripts' ``--model``: "gemma" is the default model, a ``FETCHERS`` name its fetcher, anything else a
+    path."""
+    monkeypatch.setattr(models, "default_model_path", lambda: Path("default.gguf"))
+    monkeypatch.setitem(models.FETCHERS, "smollm2", lambda: Path("fetched.gguf"))
+    assert models.model_by_name("gemma") == Path("default.gguf")
+    assert models.model_by_name("smollm2") == Path("fetched.gguf")
+    assert models.model_by_name("some/model.gguf") == Path("some/model.gguf")
