@@ -18,6 +18,8 @@ Baselines compose the same engine with another segmenter, router and no summary 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -153,18 +155,26 @@ class SekvPolicy(Policy):
         """A turn decoded with each layer routing inside the decode (``SpanRouting.in_layers``); with
         ``turn_probes``, by a query probe on (nearly) each of its tokens. Its logits, or None where the hook refuses
         the callback."""
-        mem, hook = self.memory, self.memory.hook
+        mem = self.memory
 
         def decode() -> np.ndarray:
             return mem.decode(tokens, scored, fill)
 
         if not (self.config.turn_probes and self.router.takes_probes):
             return self.routing.in_layers(mem, decode, "prompt")
+        with self._probes_on(len(tokens)):
+            return self.routing.in_layers(mem, decode, "prompt", probes=True)
+
+    @contextmanager
+    def _probes_on(self, n_tokens: int) -> Iterator[None]:
+        """The hook captures a query probe on (nearly) each of the next decodes' ``n_tokens`` tokens (as many as the
+        native scorer takes, ``probes_that_fit``); the probe count it had is put back after."""
+        hook = self.memory.hook
         layer = hook.layers[0]
         probes = hook.query_probes
-        hook.set_query_probes(probes_that_fit(len(tokens), layer.n_head, layer.n_head_kv, layer.head_dim_k))
+        hook.set_query_probes(probes_that_fit(n_tokens, layer.n_head, layer.n_head_kv, layer.head_dim_k))
         try:
-            return self.routing.in_layers(mem, decode, "prompt", probes=True)
+            yield
         finally:
             hook.set_query_probes(probes)
 
@@ -180,16 +190,11 @@ class SekvPolicy(Policy):
         """``prompt_reroute``: the tail refresh with a query probe on (nearly) each of its tokens — the question's
         own tokens, as SnapKV's observation window — then a routing by those probes, and the tail decoded once more
         if that changed a zoom. The next token's logits."""
-        mem, hook = self.memory, self.memory.hook
-        layer = hook.layers[0]
-        probes = hook.query_probes
-        hook.set_query_probes(probes_that_fit(self.tail_refresh, layer.n_head, layer.n_head_kv, layer.head_dim_k))
-        try:
+        mem = self.memory
+        with self._probes_on(self.tail_refresh):
             logits = refresh_tail(mem, tokens, self.tail_refresh)
             changes = mem.zoom.changes
             self.routing.route(mem, kind="prompt", probes=True)
-        finally:
-            hook.set_query_probes(probes)
         if mem.zoom.changes != changes:
             logits = refresh_tail(mem, tokens, self.tail_refresh)
         return logits
