@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,6 @@ from sekv_gguf.eval.fidelity import log_softmax
 from sekv_gguf.eval.trace import multiturn_conversation, sekv_memory
 from sekv_gguf.models import model_by_name
 from sekv_gguf.provenance import envelope
-from sekv_gguf.ruler_tasks import answer_span, token_range
 from sekv_gguf.session import load_model
 
 
@@ -60,14 +60,28 @@ def owners(rows: np.ndarray, summary_of: np.ndarray, needles: list[tuple[int, in
     return owner
 
 
-def exact_rows(policy, needles: list[tuple[int, int]]) -> tuple[list[np.ndarray], np.ndarray]:
-    """Full KV's K rows of every needle token, per hooked layer [n_tok, n_head_kv, d], and which needle each is."""
+@dataclass
+class ExactRows:
+    """Full KV's K rows of every needle token (the needles one after the other)."""
+
+    k: list[np.ndarray]     # per hooked layer [n_tok, n_head_kv, d] f32
+    owner: np.ndarray       # [n_tok] which needle (index into the needles) each token belongs to
+    positions: np.ndarray   # [n_tok] each token's position
+
+    def at(self, ikv: int, positions: np.ndarray) -> np.ndarray:
+        """Layer ``ikv``'s exact K rows [n, n_head_kv, d] of ``positions`` (needle tokens)."""
+        index = {int(p): i for i, p in enumerate(self.positions)}
+        return self.k[ikv][[index[int(p)] for p in positions]]
+
+
+def exact_rows(policy, needles: list[tuple[int, int]]) -> ExactRows:
+    """Full KV's K rows of every needle token, read from ``policy``'s cache (every token resident)."""
     hook = policy.session.hook
     pos = hook.cells_pos()
     cells = np.concatenate([np.flatnonzero((pos >= a) & (pos < b)) for a, b in needles])
     owner = np.concatenate([np.full(int(((pos >= a) & (pos < b)).sum()), j) for j, (a, b) in enumerate(needles)])
-    return ([hook.get_values(ikv, cells)[0].astype(np.float32) for ikv in range(len(hook.layers))], owner,
-            pos[cells].astype(np.int64))
+    return ExactRows([hook.get_values(ikv, cells)[0].astype(np.float32) for ikv in range(len(hook.layers))], owner,
+                     pos[cells].astype(np.int64))
 
 
 def among_needles(q: np.ndarray, k: np.ndarray, owner: np.ndarray, n: int) -> list[list[float]]:
@@ -80,9 +94,10 @@ def among_needles(q: np.ndarray, k: np.ndarray, owner: np.ndarray, n: int) -> li
     return [[round(float(p[h, owner == j].sum()), 4) for j in range(n)] for h in range(q.shape[0])]
 
 
-def needle_mass(policy, needles: list[tuple[int, int]], exact) -> tuple[list, list]:
-    """Per hooked layer, per query head: the attention mass of the last decode's last token on each needle; and the
-    same query's preference among the needles' exact keys (``among_needles``)."""
+def needle_mass(policy, needles: list[tuple[int, int]], exact: ExactRows) -> tuple[list, list, list]:
+    """Per hooked layer, per query head: the attention mass of the last decode's last token on each needle; the same
+    query's preference among the needles' exact keys (``among_needles``); and per needle the rows the layer holds
+    (``needle_rows``)."""
     hook = policy.session.hook
     pos = hook.cells_pos()
     live = pos >= 0
@@ -90,7 +105,7 @@ def needle_mass(policy, needles: list[tuple[int, int]], exact) -> tuple[list, li
     for ikv in range(len(hook.layers)):
         layer = hook.layers[ikv]
         q = hook.query(ikv)                                                  # [n_head, d] times kq_scale
-        prefer.append(among_needles(q, exact[0][ikv], exact[1], len(needles)))
+        prefer.append(among_needles(q, exact.k[ikv], exact.owner, len(needles)))
         k, _ = hook.get_values(ikv, np.flatnonzero(live))                    # [n_live, n_head_kv, d]
         group = layer.n_head // layer.n_head_kv
         # query head h reads KV head h // group: [n_head, n_live]
@@ -107,22 +122,22 @@ def needle_mass(policy, needles: list[tuple[int, int]], exact) -> tuple[list, li
     return out, prefer, held
 
 
-def needle_rows(rows: np.ndarray, k: np.ndarray, exact, ikv: int, needles) -> list[dict]:
+def needle_rows(rows: np.ndarray, k: np.ndarray, exact: ExactRows, ikv: int, needles) -> list[dict]:
     """Per needle: how many of its token rows layer ``ikv`` holds, and their K rows' relative error against full
     KV's (``exact``) — rows that a streamed prefill computed over compressed memory, or rounded in the host tier."""
-    k_exact, owner, positions = exact[0][ikv], exact[1], exact[2]
     out = []
     for j, (a, b) in enumerate(needles):
         have = np.flatnonzero((rows >= a) & (rows < b))                      # live cells of this needle's rows
-        ref = k_exact[[int(np.flatnonzero(positions == r)[0]) for r in rows[have]]]  # [n, n_head_kv, d]
+        ref = exact.at(ikv, rows[have])                                      # [n, n_head_kv, d]
         got = k[have].astype(np.float32)
         err = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-9)) if have.size else None
-        out.append({"rows": int(have.size), "of": int((owner == j).sum()),
+        out.append({"rows": int(have.size), "of": int((exact.owner == j).sum()),
                     "k_rel_err": None if err is None else round(err, 4)})
     return out
 
 
-def forced(model, doc, question, answer, needles, name, budget, params, threads, chunk, exact=None) -> dict:
+def forced(model, doc, question, answer, needles, name, budget, params, threads, chunk,
+           exact: ExactRows | None = None) -> tuple[dict, ExactRows]:
     """The right answer fed token by token after ``question``: per token p(it), and before it every layer's and
     head's mass on each needle."""
     target = model.tokenize((" " + answer).encode(), add_bos=False, special=False)
@@ -132,7 +147,8 @@ def forced(model, doc, question, answer, needles, name, budget, params, threads,
     steps = []
     try:
         policy.prefill(doc)
-        exact = exact or exact_rows(policy, needles)  # full KV's run comes first
+        if exact is None:  # full KV's run comes first
+            exact = exact_rows(policy, needles)
         logits = policy.append(question)
         for token in target:
             p = np.exp(log_softmax(np.asarray(logits)))                      # [n_vocab]
@@ -143,7 +159,7 @@ def forced(model, doc, question, answer, needles, name, budget, params, threads,
             logits = policy.step(token)
     finally:
         policy.close()
-    return {"policy": name, "budget": budget, "steps": steps, "exact": exact}
+    return {"policy": name, "budget": budget, "steps": steps}, exact
 
 
 def main() -> int:
@@ -159,17 +175,14 @@ def main() -> int:
     args = ap.parse_args()
     path = model_by_name(args.model)
     model = load_model(str(path))
-    count = lambda s: len(model.tokenize(s.encode(), add_bos=True, special=False))  # noqa: E731
     conv = multiturn_conversation(model, args.tokens, args.seed)
     question, answer = conv.turns[0]
     values = [answer] + [v for v in conv.case.answers if v != answer]       # the asked needle first
-    needles = [token_range(count, conv.case.prompt, answer_span(conv.case, v)) for v in values]
-    full = forced(model, conv.doc, question, answer, needles, "full", None, None, args.threads, args.chunk)
-    sekv = forced(model, conv.doc, question, answer, needles, "sekv", args.budget,
-                  SekvConfig(**sekv_overrides(args.sekv or [])), args.threads, args.chunk, full["exact"])
+    needles = [conv.needles[v] for v in values]
+    full, exact = forced(model, conv.doc, question, answer, needles, "full", None, None, args.threads, args.chunk)
+    sekv, _ = forced(model, conv.doc, question, answer, needles, "sekv", args.budget,
+                     SekvConfig(**sekv_overrides(args.sekv or [])), args.threads, args.chunk, exact)
     rows = [full, sekv]
-    for row in rows:
-        del row["exact"]
     decisive = int(np.argmin([s["p"] for s in rows[1]["steps"]]))            # the answer token sekv doubts most
     for row in rows:
         step = row["steps"][decisive]

@@ -23,7 +23,6 @@ from sekv_gguf.eval.trace import multiturn_conversation, sekv_memory, spans_hold
 from sekv_gguf.models import default_model_path
 from sekv_gguf.policies import Policy
 from sekv_gguf.provenance import envelope
-from sekv_gguf.ruler_tasks import answer_span, token_range
 from sekv_gguf.session import load_model
 
 N_TOP = 5  # first-answer-token candidates reported
@@ -106,13 +105,12 @@ def main() -> int:
     ap.add_argument("--out", default="bench/trace-multiturn.json")
     args = ap.parse_args()
     model = load_model(str(default_model_path()))
-    count = lambda s: len(model.tokenize(s.encode(), add_bos=True, special=False))  # noqa: E731
     params = SekvConfig(**sekv_overrides(args.sekv or []))
     rows = []
     for seed in args.seeds:
         conv = multiturn_conversation(model, args.tokens, seed)
         case, doc, turns = conv.case, conv.doc, conv.turns
-        spans_of = [token_range(count, case.prompt, answer_span(case, v)) for v in case.answers]
+        spans_of = [conv.needles[v] for v in case.answers]
         runs = [] if args.no_full else [("full", None, None, "")]
         runs += [("sekv", args.budget, params, m) for m in ([""] + (["force", "isolate"] if args.force else []))]
         for name, budget, p, mode in runs:

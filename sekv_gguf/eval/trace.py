@@ -11,7 +11,7 @@ import numpy as np
 
 from ..policies import Policy
 from ..policies.sekv_memory import SekvMemory
-from ..ruler_tasks import Case, make_case
+from ..ruler_tasks import Case, answer_span, make_case, token_range
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Conversation:
     case: Case
     doc: list[int]                           # the document, with BOS
     turns: list[tuple[list[int], str]]       # each question's tokens and its answer, in the order asked
+    needles: dict[str, tuple[int, int]]      # each needle's value -> its sentence's token positions in ``doc``
 
 
 def multiturn_conversation(model, n_tokens: int, seed: int) -> Conversation:
@@ -30,7 +31,8 @@ def multiturn_conversation(model, n_tokens: int, seed: int) -> Conversation:
     doc = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
     turns = [(model.tokenize(t["text"].encode(), add_bos=False, special=False), t["answer"])
              for t in case.meta["turns"]]
-    return Conversation(case, doc, turns)
+    needles = {v: token_range(count, case.prompt, answer_span(case, v)) for v in case.answers}
+    return Conversation(case, doc, turns, needles)
 
 
 def sekv_memory(policy: Policy) -> SekvMemory | None:
