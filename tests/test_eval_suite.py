@@ -227,6 +227,25 @@ def test_bad_eval_input_is_refused(llama_model, capsys):
     assert "unknown policy 'nope'" in capsys.readouterr().err
 
 
+def test_eval_output_is_checked_before_the_run(tmp_path, capsys, monkeypatch):
+    """A name with a directory in it, or an output directory that cannot be made, is refused before any model
+    loads or case runs (not after an hour of runs, when the results are written)."""
+    from sekv_gguf.cli import commands
+    from sekv_gguf.eval.report import output_path
+
+    assert output_path(tmp_path / "new", "grid") == tmp_path / "new" / "eval-grid.json"
+    assert (tmp_path / "new").is_dir()
+    for bad in ("/tmp/x", "a/b", "", "..", "a\0b"):
+        with pytest.raises(ValueError, match="--name must be a plain name"):
+            output_path(tmp_path, bad)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="cannot create the output directory"):
+        output_path(tmp_path / "file" / "sub", "grid")
+    monkeypatch.setattr(commands, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["eval", "--name", "/tmp/x", "--out", str(tmp_path)]) == 1
+    assert "--name must be a plain name" in capsys.readouterr().err
+
+
 def test_multiturn_cases_go_through_the_lifecycle_api(llama_model):
     """A shared-context case: every policy prefills the document, then answers each question in a later turn, its
     answers staying in the memory; sekv keeps the rest on the host."""

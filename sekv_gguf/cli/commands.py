@@ -198,8 +198,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..eval.report import table, write
+    from ..eval.report import output_path, table, write
     from ..eval.suite import EvalConfig, run_suite
+
+    output_path(Path(args.out), args.name)  # a bad name or directory is refused now, not after the run
 
     cfg = EvalConfig(policies=tuple(args.policies), budgets=tuple(args.budgets), tasks=tuple(args.tasks),
                      lengths=tuple(args.lengths), samples=args.samples, haystacks=tuple(args.haystacks),

@@ -3,6 +3,7 @@ plots (accuracy vs budget per policy and task; KL vs budget)."""
 
 from __future__ import annotations
 
+import os
 import json
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,24 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
             "commits": commits}
 
 
+def output_path(out_dir: Path, name: str) -> Path:
+    """``out_dir/eval-<name>.json``, checked before a run that may take hours: ``name`` a plain file-name part (no
+    directory in it), ``out_dir`` created if missing and writable."""
+    if not name or any(c in name for c in ("/", "\\", "\0")) or name in (".", ".."):
+        raise ValueError(f"--name must be a plain name (results go to OUT/eval-NAME.json; use --out for the "
+                         f"directory), got {name!r}")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the output directory {str(out_dir)!r}: {e.strerror}") from None
+    if not os.access(out_dir, os.W_OK):
+        raise ValueError(f"the output directory {str(out_dir)!r} is not writable")
+    return out_dir / f"eval-{name}.json"
+
+
 def write(result: dict[str, Any], out_dir: Path, name: str, model: str, merge_into: bool = False) -> Path:
     """Save ``result`` (with ``merge_into``: added to the runs already saved under this name)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"eval-{name}.json"
+    path = output_path(out_dir, name)
     if merge_into and path.exists():
         result = merge(json.loads(path.read_text()), result)
         result["commits"] = result["commits"] + [commit()]
