@@ -329,6 +329,11 @@ class SekvConfig:
                  "next (lagged); \"none\": they read summaries and what the zoom slots hold, routed once after the "
                  "last chunk",
         choices=("none", "layer"))
+    chunk_lexical_share: float = setting(
+        0.0, "share of every layer's zoom slots that a streamed chunk's routing (chunk_routing) gives first to the "
+             "spans sharing rare token n-grams with the chunk itself (lexical pins, the chunk as the cue): a sentence "
+             "that repeats an earlier one's rare words (a key, a name, a template) is computed reading that "
+             "sentence's rows, as full attention's copying heads read them, not its summary; 0: off")
     chunk_probes: int = setting(16, "how many of a chunk decode's tokens route it (chunk_routing): the queries of "
                                     "that many tokens, evenly spaced and ending at its last (captured in the graph), "
                                     "score every span by its best probe, so spans any part of the chunk reads are "
@@ -370,6 +375,8 @@ class SekvConfig:
             raise ValueError(f"prompt_consensus must be in [0, 1], got {self.prompt_consensus}")
         if not 0 <= self.lexical_share <= 1:
             raise ValueError(f"lexical_share must be in [0, 1], got {self.lexical_share}")
+        if not 0 <= self.chunk_lexical_share <= 1:
+            raise ValueError(f"chunk_lexical_share must be in [0, 1], got {self.chunk_lexical_share}")
         if not 0 <= self.lexical_min_ratio <= 1:
             raise ValueError(f"lexical_min_ratio must be in [0, 1], got {self.lexical_min_ratio}")
         if not 1 <= self.lexical_ngram <= 4:

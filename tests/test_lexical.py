@@ -66,6 +66,7 @@ def test_neighbours_stay_inside_the_spans():
 
 @pytest.mark.parametrize("bad, message", [
     ({"lexical_share": 1.5}, "lexical_share must be in [0, 1], got 1.5"),
+    ({"chunk_lexical_share": -0.5}, "chunk_lexical_share must be in [0, 1], got -0.5"),
     ({"lexical_ngram": 0}, "lexical_ngram must be in 1..4, got 0"),
     ({"lexical_min_ratio": -0.1}, "lexical_min_ratio must be in [0, 1], got -0.1"),
     ({"lexical_cue": 0}, "lexical_cue must be >= 1, got 0"),
@@ -143,5 +144,44 @@ def test_a_turn_sets_the_question_and_pins_its_match(llama_model):
         sid = mem.pins[0]
         assert key_at & set(mem.store.spans[sid].positions.tolist()) and mem.pins != before
         assert all(sid in r for r in mem.zoom.resident)
+    finally:
+        policy.close()
+
+
+def test_a_streamed_chunk_that_repeats_a_key_reads_its_span(llama_model):
+    """``chunk_lexical_share``: a made-up key early in a streamed prompt, repeated whole inside a later chunk; while
+    that chunk is decoded a span holding the key (compressed by then) is its first pin and zoomed in every layer
+    before the chunk's attention, so the repeat reads the first occurrence's rows as full attention would. The chunk
+    pins end with the prompt."""
+    doc, keyed, key_at = _keyed_prompt(llama_model)
+    tail = llama_model.tokenize(prose(3000, offset=5000).encode(), add_bos=False, special=False)
+    cfg = SekvConfig(prefill="streaming", zoom_share=0.3, compress_when_fits=True, lexical_share=0.0,
+                     chunk_lexical_share=0.5, chunk_routing="layer")
+    n_context = len(doc) + 4 * 128 + len(keyed) + 100  # the most the prompt below holds
+    policy = make_policy("sekv", llama_model, n_context, ContextConfig(flash_attn=False),
+                         BudgetConfig(kv_budget=300, chunk=128), cfg)
+    chunk = policy.plan.chunk
+    pad = (8 - len(doc)) % chunk + 3 * chunk   # the repeat starts 8 tokens into a chunk, three chunks on
+    assert len(tail) >= pad + 100
+    toks = doc + tail[:pad] + keyed + tail[pad:pad + 100]  # 100: the last chunk is not moved back
+    seen = []  # per chunk holding the whole repeat: (its pins, the spans holding the key, per layer: pin resident)
+    decode_chunk = policy._decode_chunk
+
+    def spy(part, *args):
+        logits = decode_chunk(part, *args)
+        mem = policy.memory
+        if len(part) == chunk and part[8:8 + len(keyed)] == keyed:
+            owners = [s.id for s in mem.store.spans if key_at & set(s.positions.tolist())]
+            pins = list(mem.chunk_pins)
+            seen.append((pins, owners, [bool(pins) and pins[0] in r for r in mem.zoom.resident]))
+        return logits
+
+    policy._decode_chunk = spy
+    try:
+        policy.prefill(toks)
+        assert len(seen) == 1, "the repeat was not streamed whole in one chunk"
+        pins, owners, held = seen[0]
+        assert owners and pins and pins[0] in owners and all(held)
+        assert policy.memory.chunk_pins == [] and policy.memory.counters.chunk.routes > 0
     finally:
         policy.close()

@@ -43,16 +43,16 @@ def span_of_positions(spans: list[Span], n: int) -> np.ndarray:
     return owner
 
 
-def lexical_scores(tokens: np.ndarray, spans: list[Span], config: SekvConfig) -> np.ndarray:
+def lexical_scores(tokens: np.ndarray, spans: list[Span], config: SekvConfig, cue: int | None = None) -> np.ndarray:
     """f64 [n_spans]: each span's lexical match with the question (see the module docstring); ``tokens`` int [n]:
-    every token of the memory in position order, the question its last ``lexical_cue``."""
+    every token of the memory in position order, the question its last ``cue`` (default ``lexical_cue``)."""
     n_spans = len(spans)
     scores = np.zeros(n_spans, dtype=np.float64)
     tokens = np.asarray(tokens, dtype=np.int64)
     n = config.lexical_ngram
     if not n_spans or tokens.size < n:
         return scores
-    cue_keys = np.unique(ngram_keys(tokens[-config.lexical_cue:], n))  # [k] the question's n-grams
+    cue_keys = np.unique(ngram_keys(tokens[-(config.lexical_cue if cue is None else cue):], n))  # [k] the question's n-grams
     keys = ngram_keys(tokens, n)                              # [m] every n-gram of the memory
     owner = span_of_positions(spans, tokens.size)[:keys.size]  # [m] the span of each n-gram's first token
     hit = (owner >= 0) & np.isin(keys, cue_keys)
@@ -66,10 +66,10 @@ def lexical_scores(tokens: np.ndarray, spans: list[Span], config: SekvConfig) ->
     return np.bincount(pairs[1][rare].astype(np.int64), weights=weight, minlength=n_spans)
 
 
-def lexical_pins(tokens: np.ndarray, spans: list[Span], config: SekvConfig) -> list[int]:
+def lexical_pins(tokens: np.ndarray, spans: list[Span], config: SekvConfig, cue: int | None = None) -> list[int]:
     """Span ids of a positive lexical score of at least ``lexical_min_ratio`` of the best one, best first (ties: the
-    lower id), each followed by its ``lexical_neighbours`` (``with_neighbours``)."""
-    scores = lexical_scores(tokens, spans, config)
+    lower id), each followed by its ``lexical_neighbours`` (``with_neighbours``); the cue as ``lexical_scores``."""
+    scores = lexical_scores(tokens, spans, config, cue)
     order = np.argsort(-scores, kind="stable")
     floor = config.lexical_min_ratio * float(scores.max(initial=0.0))
     pins = [int(sid) for sid in order if scores[sid] > 0 and scores[sid] >= floor]

@@ -134,10 +134,16 @@ class SekvPolicy(Policy):
                 return logits
         starts = chunk_starts(len(tokens), self.plan.chunk, cfg.refresh_tokens)
         routed = not self.plan.fits and not turn and cfg.chunk_routing == "layer"
-        for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
-            mem.make_room(c1 - c0)  # room for the chunk (an elastic window may have filled the budget)
-            logits = self._decode_chunk(tokens[c0:c1], routed, scored, fill)
-            self._chunk_done(c1)
+        try:
+            for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
+                mem.make_room(c1 - c0)  # room for the chunk (an elastic window may have filled the budget)
+                if routed and cfg.chunk_lexical_share > 0 and len(mem.store):
+                    seen = np.asarray(self.tokens + tokens[:c1], dtype=np.int64)  # [n] every token to the chunk's end
+                    mem.chunk_pins = lexical_pins(seen, mem.store.spans, cfg, cue=c1 - c0)
+                logits = self._decode_chunk(tokens[c0:c1], routed, scored, fill)
+                self._chunk_done(c1)
+        finally:
+            mem.chunk_pins = []
         if len(mem.store):
             changes = mem.zoom.changes
             self._pin(tokens)

@@ -98,6 +98,7 @@ class SekvMemory:
         self.prompt_step = 0  # ``steps`` when the last prompt or turn arrived
         self.clock = 0  # routings so far (prompt, chunk and step): what zooms are stamped with for the LRU
         self.pins: list[int] = []  # span ids the last prompt or turn matches lexically, best first (lexical_share)
+        self.chunk_pins: list[int] = []  # span ids the streamed chunk matches lexically (chunk_lexical_share)
         self.swa_transferred = False  # the SWA cache came from another context (exact prefill)
         self.transient_kv_bytes = 0  # full KV of the temporary context of the last exact prefill (0: streamed)
         self.counters = RouteCounters()

@@ -88,8 +88,11 @@ class SpanRouting:
         memory's lexical pins first but in a chunk's routing (only rows and bias of the layer change: safe inside a
         decode's layer callback)."""
         ranking = self.ranking(memory, ikv, query, router, kind)
-        pins = memory.pins if kind != "chunk" else []  # a streamed chunk's routing: no question yet
-        chosen = memory.zoom.choose(ranking.scores, memory.store.lengths, pins, self.config.lexical_share)
+        cfg = self.config
+        # a streamed chunk: no question yet, its own lexical matches
+        pins, share = (memory.pins, cfg.lexical_share) if kind != "chunk" else (memory.chunk_pins,
+                                                                                 cfg.chunk_lexical_share)
+        chosen = memory.zoom.choose(ranking.scores, memory.store.lengths, pins, share)
         memory.zoom.zoom(ikv, chosen, memory.store.spans, memory.clock, capped=kind != "prompt")
 
     @single_threaded_blas
