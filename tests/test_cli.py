@@ -186,6 +186,10 @@ def test_run_lexical_share_flag(tiny_llama):
     assert build_parser().parse_args(["run", "--lexical-share", "0.5"]).lexical_share == 0.5
     r = _run("run", str(tiny_llama), "-p", "x", "-n", "2", "--lexical-share", "1.5")
     assert r.returncode != 0 and "lexical_share must be in [0, 1], got 1.5" in r.stderr and r.stdout == ""
+    assert build_parser().parse_args(["run"]).chunk_lexical_share == SekvConfig.chunk_lexical_share
+    assert build_parser().parse_args(["run", "--chunk-lexical-share", "0.6"]).chunk_lexical_share == 0.6
+    r = _run("run", str(tiny_llama), "-p", "x", "-n", "2", "--chunk-lexical-share", "2")
+    assert r.returncode != 0 and "chunk_lexical_share must be in [0, 1], got 2.0" in r.stderr and r.stdout == ""
 
 
 def test_serve_and_chat_lexical_share(tiny_llama):

@@ -121,7 +121,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = (SekvConfig(prefill=args.prefill, chunk_routing=args.chunk_routing, chunk_probes=args.chunk_probes,
                          step_routing=args.step_routing, route_every=args.route_every,
                          layer_steps=args.layer_steps, zoom_hold=args.zoom_hold, signal=args.signal,
-                         host_format=args.host_format, lexical_share=args.lexical_share)
+                         host_format=args.host_format, lexical_share=args.lexical_share,
+                         chunk_lexical_share=args.chunk_lexical_share)
               if args.policy == "sekv" else None)
     if args.adapter and args.policy != "sekv":
         raise ValueError(f"--adapter is a router for the sekv policy, not for {args.policy}")
