@@ -3,8 +3,8 @@ plots (accuracy vs budget per policy and task; KL vs budget)."""
 
 from __future__ import annotations
 
-import os
 import json
+import os
 from pathlib import Path
 from typing import Any
 

@@ -52,7 +52,8 @@ def lexical_scores(tokens: np.ndarray, spans: list[Span], config: SekvConfig, cu
     n = config.lexical_ngram
     if not n_spans or tokens.size < n:
         return scores
-    cue_keys = np.unique(ngram_keys(tokens[-(config.lexical_cue if cue is None else cue):], n))  # [k] the question's n-grams
+    cue = config.lexical_cue if cue is None else cue
+    cue_keys = np.unique(ngram_keys(tokens[-cue:], n))       # [k] the question's n-grams
     keys = ngram_keys(tokens, n)                              # [m] every n-gram of the memory
     owner = span_of_positions(spans, tokens.size)[:keys.size]  # [m] the span of each n-gram's first token
     hit = (owner >= 0) & np.isin(keys, cue_keys)

@@ -85,13 +85,15 @@ class SpanRouting:
 
     def route_layer(self, memory: SekvMemory, ikv: int, query: np.ndarray, router: Router, kind: str) -> None:
         """Rank the spans for layer ``ikv``'s query [n_head, head_dim] and zoom that layer into the best ones, the
-        memory's lexical pins first but in a chunk's routing (only rows and bias of the layer change: safe inside a
-        decode's layer callback)."""
+        memory's lexical pins first (``lexical_share``; in a streamed chunk's routing, no question yet, the chunk's own
+        pins, ``chunk_lexical_share``); only rows and bias of the layer change: safe inside a decode's layer
+        callback."""
         ranking = self.ranking(memory, ikv, query, router, kind)
         cfg = self.config
-        # a streamed chunk: no question yet, its own lexical matches
-        pins, share = (memory.pins, cfg.lexical_share) if kind != "chunk" else (memory.chunk_pins,
-                                                                                 cfg.chunk_lexical_share)
+        if kind == "chunk":
+            pins, share = memory.chunk_pins, cfg.chunk_lexical_share
+        else:
+            pins, share = memory.pins, cfg.lexical_share
         chosen = memory.zoom.choose(ranking.scores, memory.store.lengths, pins, share)
         memory.zoom.zoom(ikv, chosen, memory.store.spans, memory.clock, capped=kind != "prompt")
 
