@@ -138,8 +138,7 @@ class SekvPolicy(Policy):
             for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
                 mem.make_room(c1 - c0)  # room for the chunk (an elastic window may have filled the budget)
                 if routed and cfg.chunk_lexical_share > 0 and len(mem.store):
-                    seen = np.asarray(self.tokens + tokens[:c1], dtype=np.int64)  # [n] every token to the chunk's end
-                    mem.chunk_pins = lexical_pins(seen, mem.store.spans, cfg, cue=c1 - c0)
+                    mem.chunk_pins = self._lexical_match(tokens[:c1], cue=c1 - c0)  # the chunk as the cue
                 logits = self._decode_chunk(tokens[c0:c1], routed, scored, fill)
                 self._chunk_done(c1)
         finally:
@@ -187,10 +186,14 @@ class SekvPolicy(Policy):
     def _pin(self, incoming: list[int]) -> None:
         """``lexical_share``: the memory's lexical pins for this prompt's or turn's routings and the decode steps
         after it, from every token (``self.tokens``, then ``incoming``, the prompt or turn not yet appended)."""
-        cfg, mem = self.config, self.memory
-        if cfg.lexical_share > 0:
-            tokens = np.asarray(self.tokens + list(incoming), dtype=np.int64)  # [n] every token, in position order
-            mem.pins = lexical_pins(tokens, mem.store.spans, cfg)
+        if self.config.lexical_share > 0:
+            self.memory.pins = self._lexical_match(incoming)
+
+    def _lexical_match(self, incoming: list[int], cue: int | None = None) -> list[int]:
+        """``lexical_pins`` over every token (``self.tokens``, then ``incoming``, not yet appended), the question its
+        last ``cue`` (default ``lexical_cue``)."""
+        tokens = np.asarray(self.tokens + list(incoming), dtype=np.int64)  # [n] every token, in position order
+        return lexical_pins(tokens, self.memory.store.spans, self.config, cue)
 
     def _reroute_tail(self, tokens: list[int]) -> np.ndarray:
         """``prompt_reroute``: the tail refresh with a query probe on (nearly) each of its tokens — the question's
