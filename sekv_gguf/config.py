@@ -330,7 +330,7 @@ class SekvConfig:
                  "last chunk",
         choices=("none", "layer"))
     chunk_lexical_share: float = setting(
-        0.0, "share of every layer's zoom slots that a streamed chunk's routing (chunk_routing) gives first to the "
+        0.6, "share of every layer's zoom slots that a streamed chunk's routing (chunk_routing) gives first to the "
              "spans sharing rare token n-grams with the chunk itself (lexical pins, the chunk as the cue): a sentence "
              "that repeats an earlier one's rare words (a key, a name, a template) is computed reading that "
              "sentence's rows, as full attention's copying heads read them, not its summary; 0: off")
