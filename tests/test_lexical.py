@@ -12,7 +12,8 @@ import pytest
 from helpers import prose
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
-from sekv_gguf.policies.lexical import lexical_pins, lexical_scores, ngram_keys, span_of_positions, with_neighbours
+from sekv_gguf.policies.lexical import (SpanNgrams, lexical_pins, lexical_scores, ngram_keys, span_of_positions,
+                                        with_neighbours)
 from sekv_gguf.policies.zoom import choose_around, fit_in_order
 from sekv_gguf.spans import Span
 
@@ -56,6 +57,37 @@ def test_scores_weigh_rare_ngrams_and_ignore_common_ones():
     assert lexical_pins(toks, spans, replace(cfg, lexical_neighbours=1)) == [1, 0, 2, 3, 4]
     assert lexical_pins(toks, spans, replace(cfg, lexical_min_ratio=0.7, lexical_neighbours=1)) == [1, 0, 2]
     assert lexical_pins(toks, spans, replace(cfg, lexical_min_ratio=0.7, lexical_neighbours=9)) == [1, 0, 2, 3, 4]
+
+
+def test_the_span_ngram_index_scores_every_chunk_as_a_pass_over_every_token_does():
+    """``SpanNgrams`` (the chunk pins' index, extended as spans are cut, merged past its tail size): at every chunk of
+    a stream its scores and pins equal ``lexical_scores`` / ``lexical_pins`` over every token so far with the chunk
+    as the cue — spans that skip anchor positions, bigrams repeated across spans, rare and common ones."""
+    cfg = SekvConfig(lexical_ngram=2, lexical_max_spans=3)
+    rng = np.random.default_rng(1)
+    toks = rng.integers(0, 40, size=3000)              # a small vocabulary: many bigrams shared by several spans
+    anchors = set(rng.choice(3000, size=60, replace=False).tolist())
+    spans, start, sid = [], 0, 0
+    while start < 2900:                                 # spans of 20-50 positions, anchors left out
+        end = start + int(rng.integers(20, 51))
+        spans.append(Span(sid, np.array([p for p in range(start, end) if p not in anchors], dtype=np.int32)))
+        start, sid = end, sid + 1
+    index = SpanNgrams(cfg)
+    index.MERGE_AT = 64                                 # merges happen inside this short stream
+    every = toks.tolist()
+    checked = 0
+    for c1 in range(200, 3000, 100):                    # a chunk of 100 tokens; the spans cut 60 tokens behind it
+        cut = [s for s in spans if int(s.positions.max()) < c1 - 160]
+        index.extend(every, cut)
+        assert index.n_spans == len(cut)
+        want = lexical_scores(toks[:c1], cut, cfg, cue=100)
+        np.testing.assert_allclose(index.scores(toks[c1 - 100:c1], len(cut)), want, rtol=1e-12, atol=0)
+        assert index.pins(toks[c1 - 100:c1], len(cut)) == lexical_pins(toks[:c1], cut, cfg, cue=100)
+        checked += bool(want.any())
+    assert checked > 10 and index.keys.size > 0         # compared where scores were not all zero, after merges
+    index.extend(every, spans[:3])                      # fewer spans than indexed (a rollback): indexed again
+    assert index.n_spans == 3
+    np.testing.assert_allclose(index.scores(toks[-50:], 3), lexical_scores(toks, spans[:3], cfg, cue=50))
 
 
 def test_neighbours_stay_inside_the_spans():

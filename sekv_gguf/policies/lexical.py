@@ -70,11 +70,15 @@ def lexical_scores(tokens: np.ndarray, spans: list[Span], config: SekvConfig, cu
 def lexical_pins(tokens: np.ndarray, spans: list[Span], config: SekvConfig, cue: int | None = None) -> list[int]:
     """Span ids of a positive lexical score of at least ``lexical_min_ratio`` of the best one, best first (ties: the
     lower id), each followed by its ``lexical_neighbours`` (``with_neighbours``); the cue as ``lexical_scores``."""
-    scores = lexical_scores(tokens, spans, config, cue)
+    return pins_of(lexical_scores(tokens, spans, config, cue), config)
+
+
+def pins_of(scores: np.ndarray, config: SekvConfig) -> list[int]:
+    """``lexical_pins`` from the spans' scores f64 [n_spans]."""
     order = np.argsort(-scores, kind="stable")
     floor = config.lexical_min_ratio * float(scores.max(initial=0.0))
     pins = [int(sid) for sid in order if scores[sid] > 0 and scores[sid] >= floor]
-    return with_neighbours(pins, len(spans), config.lexical_neighbours)
+    return with_neighbours(pins, scores.size, config.lexical_neighbours)
 
 
 def with_neighbours(pins: list[int], n_spans: int, reach: int) -> list[int]:
@@ -89,3 +93,77 @@ def with_neighbours(pins: list[int], n_spans: int, reach: int) -> list[int]:
                 seen.add(n)
                 out.append(n)
     return out
+
+
+class SpanNgrams:
+    """The distinct (n-gram, span) pairs of a memory's spans, indexed as spans are cut, so that matching a cue (a
+    streamed chunk: ``chunk_lexical_share``) costs O(cue · log n) instead of a pass over every token: the pairs are
+    kept sorted by n-gram (new ones in a short unsorted tail, merged when it grows). ``scores`` equals
+    ``lexical_scores`` over the same tokens and spans. Built for one streamed prompt: spans only grow meanwhile (a
+    memory with fewer spans than indexed, after a rollback, is indexed again from its first span)."""
+
+    MERGE_AT = 4096  # tail pairs that trigger a merge into the sorted part (also at a quarter of the sorted part)
+
+    def __init__(self, config: SekvConfig):
+        self.config = config
+        self.n = config.lexical_ngram
+        self.n_spans = 0  # spans indexed (ids 0 .. n_spans-1)
+        self.keys = np.zeros(0, dtype=np.uint64)   # [P] n-gram keys, sorted
+        self.sids = np.zeros(0, dtype=np.int64)    # [P] the span of each pair
+        self.tail_keys: list[np.ndarray] = []      # unsorted pairs not merged yet
+        self.tail_sids: list[np.ndarray] = []
+        self.tail_size = 0
+
+    def extend(self, tokens: list[int], spans: list[Span]) -> None:
+        """Index the spans not indexed yet; ``tokens``: every token of the memory in position order. A span whose
+        last n-gram runs past ``tokens`` waits (with the spans after it) for a later call."""
+        if len(spans) < self.n_spans:
+            self.__init__(self.config)
+        for span in spans[self.n_spans:]:
+            pos = span.positions.astype(np.int64)
+            if not pos.size or int(pos.max()) + self.n > len(tokens):
+                break
+            window = np.asarray(tokens[int(pos.min()):int(pos.max()) + self.n], dtype=np.int64)
+            keys = ngram_keys(window, self.n)[pos - int(pos.min())]  # [L] the n-gram starting at each position
+            keys = np.unique(keys)
+            self.tail_keys.append(keys)
+            self.tail_sids.append(np.full(keys.size, span.id, dtype=np.int64))
+            self.tail_size += keys.size
+            self.n_spans += 1
+        if self.tail_size >= max(self.MERGE_AT, self.keys.size // 4):
+            self._merge()
+
+    def _merge(self) -> None:
+        keys = np.concatenate([self.keys, *self.tail_keys])
+        sids = np.concatenate([self.sids, *self.tail_sids])
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.sids = keys[order], sids[order]
+        self.tail_keys, self.tail_sids, self.tail_size = [], [], 0
+
+    def scores(self, cue: np.ndarray, n_spans: int) -> np.ndarray:
+        """f64 [n_spans]: each indexed span's lexical match with the token ids ``cue`` (``lexical_scores``'s)."""
+        scores = np.zeros(n_spans, dtype=np.float64)
+        cue_keys = np.unique(ngram_keys(np.asarray(cue, dtype=np.int64), self.n))  # [k]
+        if not cue_keys.size or not n_spans:
+            return scores
+        lo = np.searchsorted(self.keys, cue_keys, side="left")                     # [k]
+        hi = np.searchsorted(self.keys, cue_keys, side="right")
+        count = hi - lo
+        at = np.repeat(lo - np.concatenate([[0], np.cumsum(count)[:-1]]), count) + np.arange(count.sum())
+        hit_keys, hit_sids = [self.keys[at]], [self.sids[at]]                      # pairs in the sorted part
+        for keys, sids in zip(self.tail_keys, self.tail_sids):
+            hit = np.isin(keys, cue_keys)
+            hit_keys.append(keys[hit])
+            hit_sids.append(sids[hit])
+        keys, sids = np.concatenate(hit_keys), np.concatenate(hit_sids)            # [p] distinct (key, span)
+        if not keys.size:
+            return scores
+        _, inverse, df = np.unique(keys, return_inverse=True, return_counts=True)  # spans per n-gram
+        df = df[inverse]
+        rare = df <= self.config.lexical_max_spans
+        weight = np.log1p(n_spans / df[rare])
+        return np.bincount(sids[rare], weights=weight, minlength=n_spans)
+
+    def pins(self, cue: np.ndarray, n_spans: int) -> list[int]:
+        """``lexical_pins`` with ``cue`` as the question."""
+        return pins_of(self.scores(cue, n_spans), self.config)

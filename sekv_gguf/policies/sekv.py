@@ -36,7 +36,7 @@ from ..span_store import SpanStore
 from ..stats import PolicyStats
 from .base import Policy
 from .budget import BudgetPlan
-from .lexical import lexical_pins
+from .lexical import SpanNgrams, lexical_pins
 from .prefill import chunk_starts, exact_key, exact_pass, prefill_exact, refresh_tail, wants_exact
 from .rollback import truncate
 from .sekv_memory import SekvMemory
@@ -134,11 +134,14 @@ class SekvPolicy(Policy):
                 return logits
         starts = chunk_starts(len(tokens), self.plan.chunk, cfg.refresh_tokens)
         routed = not self.plan.fits and not turn and cfg.chunk_routing == "layer"
+        ngrams = SpanNgrams(cfg) if routed and cfg.chunk_lexical_share > 0 else None
+        every = self.tokens + list(tokens) if ngrams else []  # every token once this prompt is in, by position
         try:
             for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
                 mem.make_room(c1 - c0)  # room for the chunk (an elastic window may have filled the budget)
-                if routed and cfg.chunk_lexical_share > 0 and len(mem.store):
-                    mem.chunk_pins = self._lexical_match(tokens[:c1], cue=c1 - c0)  # the chunk as the cue
+                if ngrams is not None and len(mem.store):
+                    ngrams.extend(every, mem.store.spans)
+                    mem.chunk_pins = ngrams.pins(tokens[c0:c1], len(mem.store))  # the chunk as the cue
                 logits = self._decode_chunk(tokens[c0:c1], routed, scored, fill)
                 self._chunk_done(c1)
         finally:
