@@ -107,6 +107,9 @@ class SpanNgrams:
     def __init__(self, config: SekvConfig):
         self.config = config
         self.n = config.lexical_ngram
+        self._reset()
+
+    def _reset(self) -> None:
         self.n_spans = 0  # spans indexed (ids 0 .. n_spans-1)
         self.keys = np.zeros(0, dtype=np.uint64)   # [P] n-gram keys, sorted
         self.sids = np.zeros(0, dtype=np.int64)    # [P] the span of each pair
@@ -118,17 +121,18 @@ class SpanNgrams:
         """Index the spans not indexed yet; ``tokens``: every token of the memory in position order. A span whose
         last n-gram runs past ``tokens`` waits (with the spans after it) for a later call."""
         if len(spans) < self.n_spans:
-            self.__init__(self.config)
+            self._reset()
         for span in spans[self.n_spans:]:
-            pos = span.positions.astype(np.int64)
-            if not pos.size or int(pos.max()) + self.n > len(tokens):
-                break
-            window = np.asarray(tokens[int(pos.min()):int(pos.max()) + self.n], dtype=np.int64)
-            keys = ngram_keys(window, self.n)[pos - int(pos.min())]  # [L] the n-gram starting at each position
-            keys = np.unique(keys)
-            self.tail_keys.append(keys)
-            self.tail_sids.append(np.full(keys.size, span.id, dtype=np.int64))
-            self.tail_size += keys.size
+            pos = span.positions.astype(np.int64)   # [L] (anchors left out: not always contiguous)
+            if pos.size:
+                first, last = int(pos.min()), int(pos.max())
+                if last + self.n > len(tokens):
+                    break
+                window = np.asarray(tokens[first:last + self.n], dtype=np.int64)
+                keys = np.unique(ngram_keys(window, self.n)[pos - first])  # the n-grams starting in the span
+                self.tail_keys.append(keys)
+                self.tail_sids.append(np.full(keys.size, span.id, dtype=np.int64))
+                self.tail_size += keys.size
             self.n_spans += 1
         if self.tail_size >= max(self.MERGE_AT, self.keys.size // 4):
             self._merge()
