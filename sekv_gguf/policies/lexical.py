@@ -97,10 +97,12 @@ def with_neighbours(pins: list[int], n_spans: int, reach: int) -> list[int]:
 
 class SpanNgrams:
     """The distinct (n-gram, span) pairs of a memory's spans, indexed as spans are cut, so that matching a cue (a
-    streamed chunk: ``chunk_lexical_share``) costs O(cue · log n) instead of a pass over every token: the pairs are
-    kept sorted by n-gram (new ones in a short unsorted tail, merged when it grows). ``scores`` equals
-    ``lexical_scores`` over the same tokens and spans. Built for one streamed prompt: spans only grow meanwhile (a
-    memory with fewer spans than indexed, after a rollback, is indexed again from its first span)."""
+    streamed chunk: ``chunk_lexical_share``) hashes no token twice: the pairs are kept sorted by n-gram and looked up
+    per cue n-gram (binary search), the newest in an unsorted tail that is scanned and merged in once it holds
+    ``MERGE_AT`` pairs or a quarter of the sorted ones (a scan of at most that quarter, not of every token, and no
+    span-owner array rebuilt per chunk). ``scores`` equals ``lexical_scores`` over the same tokens and spans. Built
+    for one streamed prompt: spans only grow meanwhile (a memory with fewer spans than indexed, after a rollback, is
+    indexed again from its first span)."""
 
     MERGE_AT = 4096  # tail pairs that trigger a merge into the sorted part (also at a quarter of the sorted part)
 
