@@ -60,11 +60,18 @@ def lexical_scores(tokens: np.ndarray, spans: list[Span], config: SekvConfig, cu
     if not hit.any():
         return scores
     pairs = np.unique(np.stack([keys[hit], owner[hit].astype(np.uint64)]), axis=1)  # [2, p] distinct (key, span)
-    _, inverse, df = np.unique(pairs[0], return_inverse=True, return_counts=True)   # spans per n-gram
-    df = df[inverse]                                                                 # [p]
+    return pair_scores(pairs[0], pairs[1].astype(np.int64), n_spans, config)
+
+
+def pair_scores(keys: np.ndarray, sids: np.ndarray, n_spans: int, config: SekvConfig) -> np.ndarray:
+    """f64 [n_spans]: the lexical score of each span from the distinct (n-gram, span) pairs ``keys`` uint64 [p] /
+    ``sids`` int64 [p] that match the cue: ``log(1 + n_spans / df)`` per pair, n-grams in more than
+    ``lexical_max_spans`` spans left out."""
+    _, inverse, df = np.unique(keys, return_inverse=True, return_counts=True)  # spans per n-gram
+    df = df[inverse]                                                            # [p]
     rare = df <= config.lexical_max_spans
     weight = np.log1p(n_spans / df[rare])
-    return np.bincount(pairs[1][rare].astype(np.int64), weights=weight, minlength=n_spans)
+    return np.bincount(sids[rare], weights=weight, minlength=n_spans)
 
 
 def lexical_pins(tokens: np.ndarray, spans: list[Span], config: SekvConfig, cue: int | None = None) -> list[int]:
@@ -164,11 +171,7 @@ class SpanNgrams:
         keys, sids = np.concatenate(hit_keys), np.concatenate(hit_sids)            # [p] distinct (key, span)
         if not keys.size:
             return scores
-        _, inverse, df = np.unique(keys, return_inverse=True, return_counts=True)  # spans per n-gram
-        df = df[inverse]
-        rare = df <= self.config.lexical_max_spans
-        weight = np.log1p(n_spans / df[rare])
-        return np.bincount(sids[rare], weights=weight, minlength=n_spans)
+        return pair_scores(keys, sids, n_spans, self.config)
 
     def pins(self, cue: np.ndarray, n_spans: int) -> list[int]:
         """``lexical_pins`` with ``cue`` as the question."""

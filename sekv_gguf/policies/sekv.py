@@ -190,13 +190,8 @@ class SekvPolicy(Policy):
         """``lexical_share``: the memory's lexical pins for this prompt's or turn's routings and the decode steps
         after it, from every token (``self.tokens``, then ``incoming``, the prompt or turn not yet appended)."""
         if self.config.lexical_share > 0:
-            self.memory.pins = self._lexical_match(incoming)
-
-    def _lexical_match(self, incoming: list[int], cue: int | None = None) -> list[int]:
-        """``lexical_pins`` over every token (``self.tokens``, then ``incoming``, not yet appended), the question its
-        last ``cue`` (default ``lexical_cue``)."""
-        tokens = np.asarray(self.tokens + list(incoming), dtype=np.int64)  # [n] every token, in position order
-        return lexical_pins(tokens, self.memory.store.spans, self.config, cue)
+            tokens = np.asarray(self.tokens + list(incoming), dtype=np.int64)  # [n] every token, in position order
+            self.memory.pins = lexical_pins(tokens, self.memory.store.spans, self.config)
 
     def _reroute_tail(self, tokens: list[int]) -> np.ndarray:
         """``prompt_reroute``: the tail refresh with a query probe on (nearly) each of its tokens — the question's
