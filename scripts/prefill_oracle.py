@@ -8,7 +8,9 @@ the most deviant spans); if only exact other rows do, the rows after it carry th
     .venv/bin/python scripts/prefill_oracle.py --task niah_word --tokens 28000 --depth 0.1 --seed 0
 
 Tasks with several inserted texts (variable tracking's chain, multi-key needles) count every inserted text as the
-needle; ``--model`` takes any GGUF (default: the embedded Gemma 3 270M), ``--sekv KEY=VALUE`` overrides the memory's
+needle; a multi-turn case (``--task niah_multiturn``) is
+asked its questions as later turns, each appended and answered as the evaluation does (``eval.suite``), and scored
+turn by turn; ``--model`` takes any GGUF (default: the embedded Gemma 3 270M), ``--sekv KEY=VALUE`` overrides the memory's
 configuration (e.g. ``step_routing=layer`` for a chain followed hop by hop while generating); ``--force`` zooms the
 needle's spans in every layer at the prompt's routing, so a loss the routing causes is set aside.
 """
@@ -46,10 +48,13 @@ VARIANTS = {"2x2": [(False, False, False, False), (False, True, True, True), (Tr
 
 def variant(model, streamed, full, tokens: list[int], needle: list[tuple[int, int]], cfg: SekvConfig,
             budget: BudgetConfig, ctx: ContextConfig, queries: list[np.ndarray], needle_exact: bool,
-            spans_exact: bool, resident_exact: bool, swa_exact: bool, n_predict: int, force: bool = False) -> dict:
+            spans_exact: bool, resident_exact: bool, swa_exact: bool, n_predict: int, force: bool = False,
+            turns: list[tuple[list[int], str]] | None = None) -> dict:
     """The streamed memory with the chosen rows taken from the full pass (the needle's, the other spans', the
-    resident tokens' and the sliding-window cache's); its answer."""
-    policy = make_policy("sekv", model, len(tokens) + n_predict, ctx, budget, cfg)
+    resident tokens' and the sliding-window cache's); its answer, or with ``turns`` (each question's tokens and
+    value) each turn's answer."""
+    n_ctx = len(tokens) + (sum(len(q) + n_predict for q, _ in turns) if turns else n_predict)
+    policy = make_policy("sekv", model, n_ctx, ctx, budget, cfg)
     try:
         DeviceState.take(streamed.session).put(policy.session)
         mem = policy.memory
@@ -99,13 +104,18 @@ def variant(model, streamed, full, tokens: list[int], needle: list[tuple[int, in
         p = np.exp(logits - logits.max())
         p /= p.sum()
         top = [(policy.session.text([int(t)]), round(float(p[t]), 3)) for t in np.argsort(-p)[:TOP]]
+        kind = lambda e: "exact" if e else "streamed"  # noqa: E731
+        flags = {"needle_rows": kind(needle_exact), "other_spans": kind(spans_exact), "resident": kind(resident_exact),
+                 "swa_cache": kind(swa_exact)}
+        if turns:  # each question a turn after the document, answered before the next (eval.suite._converse)
+            texts = [policy.session.text(decode_loop(policy.step, policy.append(q), n_predict, greedy).tokens)
+                     for q, _ in turns]
+            hits = [value.strip().lower() in text.lower() for text, (_, value) in zip(texts, turns)]
+            return {**flags, "turn_outputs": texts, "turn_hits": hits, "text": " | ".join(texts)}
         done = decode_loop(policy.step, logits, n_predict, greedy)
         zoomed = [sorted(set(r) & {i for i, s in enumerate(spans) if in_needle(s.positions)})
                   for r in mem.zoom.resident]
-        kind = lambda e: "exact" if e else "streamed"  # noqa: E731
-        return {"needle_rows": kind(needle_exact), "other_spans": kind(spans_exact), "resident": kind(resident_exact),
-                "swa_cache": kind(swa_exact),
-                "text": policy.session.text(done.tokens), "first_top": top, "needle_spans_zoomed": zoomed}
+        return {**flags, "text": policy.session.text(done.tokens), "first_top": top, "needle_spans_zoomed": zoomed}
     finally:
         policy.close()
 
@@ -135,11 +145,14 @@ def main() -> int:
                      args.depth if args.task in PINNED_DEPTH_TASKS else None)  # None: the seed's own depth
     value = case.answers[0]
     tokens = model.tokenize(case.prompt.encode(), add_bos=True, special=False)
+    turns = [(model.tokenize(t["text"].encode(), add_bos=False, special=False), t["answer"])
+             for t in case.meta.get("turns", [])]  # a multi-turn case's questions, in the order asked
     # every inserted text is the needle (a chain's every link)
     needle = [token_range(count, case.prompt, span) for span in inserted_spans(case)]
     ctx, budget = ContextConfig(n_threads=args.threads), BudgetConfig(kv_budget=args.budget)
     cfg = SekvConfig(**{**sekv_overrides(args.sekv), "prefill": "streaming", "energy": 1.0, "host_format": "f16"})
-    streamed = make_policy("sekv", model, len(tokens) + args.n_predict, ctx, budget, cfg)
+    n_ctx = len(tokens) + (sum(len(q) + args.n_predict for q, _ in turns) if turns else args.n_predict)
+    streamed = make_policy("sekv", model, n_ctx, ctx, budget, cfg)
     rows = []
     try:
         streamed.prefill(tokens)
@@ -148,8 +161,8 @@ def main() -> int:
         try:
             for flags in VARIANTS[args.variants]:
                 row = variant(model, streamed, full.session, tokens, needle, cfg, budget, ctx, queries, *flags,
-                              args.n_predict, args.force)
-                row["score"] = score(case, row["text"])
+                              args.n_predict, args.force, turns)
+                row["score"] = sum(row["turn_hits"]) / len(turns) if turns else score(case, row["text"])
                 row["found"] = row["score"] > 0
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -172,12 +185,13 @@ def plot(doc: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    prob = [dict(r["first_top"]).get(" " + doc["value"][:4], 0.0) for r in doc["rows"]]
+    prob = [r["score"] if "turn_hits" in r else dict(r["first_top"]).get(" " + doc["value"][:4], 0.0)
+            for r in doc["rows"]]
     labels = ["/".join("e" if r.get(k, r["resident"]) == "exact" else "s"
                        for k in ("needle_rows", "other_spans", "resident", "swa_cache")) for r in doc["rows"]]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar(labels, prob, color=["tab:green" if r["found"] else "tab:red" for r in doc["rows"]])
-    ax.set_ylabel(f"p(first token of {doc['value']!r})")
+    ax.set_ylabel("turns answered" if "turn_hits" in doc["rows"][0] else f"p(first token of {doc['value']!r})")
     ax.set_xlabel("needle / other spans / resident rows / SWA cache (e: exact, s: streamed); green: answered")
     ax.set_title(f"streamed prefill oracle, {doc['prompt_tokens']} tokens")
     fig.tight_layout()

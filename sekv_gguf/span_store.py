@@ -20,7 +20,7 @@ from threadpoolctl import ThreadpoolController
 
 from . import kv_codec, native
 from .config import INDEX_Q8_MAX, SekvConfig
-from .spans import SKETCH_FIELDS, Factors, Span, factorize, sketches, weighted_mean
+from .spans import SKETCH_FIELDS, Factors, Span, calibrated_summaries, factorize, sketches, weighted_mean
 
 _BLAS = ThreadpoolController()
 
@@ -83,6 +83,8 @@ class SpanStore:
     block_logn     f32 [S, B]        log tokens per block (-inf: padding past a span's blocks)
     sketch[ikv]    {field: f64 [S, Hkv, ...]}  key sketches (``SKETCH_FIELDS``), when ``sketch_shape`` is set
     lengths        f32 [S]           tokens per span
+    summary_bias[ikv] f32 [S]        the bias of each span's summary row in layer ``ikv`` (log|S|, or fitted to
+                                     queries: ``summary_calibration``)
 
     The stacked routing data is f16 (the precision of the device's K rows; routers widen it to f32 per call): it
     grows with the context like the spans' rows, and in f32 it was a third of a 4-bit host tier.
@@ -114,6 +116,7 @@ class SpanStore:
         self.block_scale = [np.zeros((n_head_kv, 0, self.n_blocks), dtype=np.float16) for _ in range(n_layer)]
         self.block_logn = np.zeros((0, self.n_blocks), dtype=np.float32)
         self.sketch: list[dict[str, np.ndarray]] = [{} for _ in range(n_layer)]
+        self.summary_bias = [np.zeros(0, dtype=np.float32) for _ in range(n_layer)]
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -127,11 +130,14 @@ class SpanStore:
 
     @single_threaded_blas
     def add(self, positions: list[np.ndarray], weights: list[np.ndarray],
-            rows: Callable[[int], tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+            rows: Callable[[int], tuple[np.ndarray, np.ndarray]],
+            queries: Callable[[int], np.ndarray] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """Compress new spans: ``positions[i]`` int [L_i] of span i, ``weights[i]`` [L_i] its summary weights,
         ``rows(ikv)`` the K and V rows of all new spans' tokens in layer ``ikv`` (span after span) as
         ``KVHook.get_rows`` returns them: numbers [sum L_i, Hkv, d], or a quantized cache's blocks [sum L_i,
-        row_bytes]. Returns per layer the new spans' summary rows (k̄, v̄) f16 [n_new, Hkv*d] for the device."""
+        row_bytes]. ``queries(ikv)`` f32 [m, H, d] (``summary_calibration``; m may be 0): the summary rows' bias and
+        value fitted to them (``calibrated_summaries``), else log|S| and the weighted mean value. Returns per layer the
+        new spans' summary rows (k̄, v̄) f16 [n_new, Hkv*d] for the device (their biases: ``summary_bias``)."""
         n_new = len(positions)
         cut = np.cumsum([0] + [p.size for p in positions])
         new = [Span(id=len(self.spans) + i, positions=np.asarray(p, dtype=np.int32)) for i, p in enumerate(positions)]
@@ -152,6 +158,11 @@ class SpanStore:
                 _table_append(self.tables[ikv], span.length, kf)
             k_mean = np.stack([weighted_mean(p, w) for p, w in zip(k_parts, weights)])  # [n_new, Hkv, d]
             v_mean = np.stack([weighted_mean(p, w) for p, w in zip(v_parts, weights)])
+            bias = np.log([p.size for p in positions]).astype(np.float32)           # [n_new] log|S|
+            q = queries(ikv) if queries is not None else None                        # [m, H, d]
+            if q is not None and q.shape[0]:
+                bias, v_mean = calibrated_summaries(k_parts, v_parts, k_mean, q)
+            self.summary_bias[ikv] = np.concatenate([self.summary_bias[ikv], bias])
             if "keys" in self.fields:
                 self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean.astype(np.float16)])
             if "bounds" in self.fields:
@@ -224,6 +235,7 @@ class SpanStore:
         self.spans = self.spans[:k]
         self.lengths = self.lengths[:k]
         self.block_logn = self.block_logn[:k]
+        self.summary_bias = [b[:k] for b in self.summary_bias]
         for ikv in range(self.n_layer):
             self.keys[ikv], self.kmin[ikv], self.kmax[ikv] = self.keys[ikv][:k], self.kmin[ikv][:k], self.kmax[ikv][:k]
             self.blocks[ikv], self.block_scale[ikv] = self.blocks[ikv][:, :k], self.block_scale[ikv][:, :k]
@@ -235,7 +247,7 @@ class SpanStore:
         """What a snapshot of the store may share with it: the spans (immutable once placed), their host arrays
         and the stacked per-layer arrays (replaced, never written in place)."""
         out: list[object] = [*self.spans, self.lengths, self.block_logn, *self.keys, *self.kmin, *self.kmax,
-                             *self.blocks, *self.block_scale]
+                             *self.blocks, *self.block_scale, *self.summary_bias]
         for s in self.spans:
             out += [s.positions, *s.k, *s.v]
             out += [a for f in s.k + s.v for a in (f.us, f.vt, f.raw, f.q8, f.scale, f.q4, f.blocks) if a is not None]
@@ -255,7 +267,7 @@ class SpanStore:
         factors = lambda f: {k: getattr(f, k) for k in Factors.__dataclass_fields__}  # noqa: E731
         return {"spans": [{"id": sp.id, "positions": sp.positions, "summary_cell": sp.summary_cell,
                            "k": [factors(f) for f in sp.k], "v": [factors(f) for f in sp.v]} for sp in self.spans],
-                "lengths": self.lengths, "block_logn": self.block_logn,
+                "lengths": self.lengths, "block_logn": self.block_logn, "summary_bias": list(self.summary_bias),
                 **{name: list(getattr(self, name)) for name in self._STACKED}}
 
     def load_plain(self, data: dict[str, Any]) -> None:
@@ -266,6 +278,12 @@ class SpanStore:
         if any(len(sp.k) != self.n_layer or len(sp.v) != self.n_layer for sp in self.spans):
             raise ValueError(f"a saved span store must hold factors for {self.n_layer} layers")
         self.lengths = np.asarray(data["lengths"], dtype=np.float32)
+        bias = data.get("summary_bias")  # absent from files written before it: log|S| everywhere
+        self.summary_bias = ([np.asarray(b, dtype=np.float32) for b in bias] if bias is not None
+                             else [np.log(self.lengths) for _ in range(self.n_layer)])
+        if len(self.summary_bias) != self.n_layer or any(b.shape != self.lengths.shape for b in self.summary_bias):
+            raise ValueError(f"a saved span store's summary biases must be {self.n_layer} layers of "
+                             f"{self.lengths.size} spans")
         rebuild = any(data.get(name) is None for name in INDEX_FIELDS)  # left out: computed from the host K rows
         if not rebuild:
             self.block_logn = np.asarray(data["block_logn"], dtype=np.float32)

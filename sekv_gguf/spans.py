@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from gguf import GGMLQuantizationType
+from scipy.special import logsumexp
 
 from . import kv_codec, native
 from .config import SekvConfig
@@ -331,3 +332,30 @@ def weighted_mean(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
     w = np.asarray(weights, dtype=np.float64)
     w = w / w.sum() if w.sum() > 0 else np.full(w.size, 1.0 / w.size)
     return np.tensordot(w, rows.astype(np.float64), axes=(0, 0)).astype(np.float32)
+
+
+
+def calibrated_summaries(k: list[np.ndarray], v: list[np.ndarray], k_sum: np.ndarray,
+                         q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Summary rows fitted to queries (``SekvConfig.summary_calibration``): for spans of keys ``k[i]`` and values
+    ``v[i]`` f32 [L_i, Hkv, d], their summary keys ``k_sum`` [n, Hkv, d] and queries ``q`` f32 [m, H, d] (times
+    kq_scale, H a multiple of Hkv), the bias each row needs, f32 [n]: the mean over queries and heads of
+    ``logsumexp_t q.k_t - q.k_sum`` (``log L`` where every key equals ``k_sum``), and each row's value f32 [n, Hkv, d]:
+    the attention-weighted value ``sum_t softmax_t(q.k_t) v_t`` averaged over the queries and each KV head's query
+    heads. All spans in one pass, padded to the longest."""
+    n, n_kv, d = len(k), k_sum.shape[1], k_sum.shape[2]
+    m, group = q.shape[0], q.shape[1] // n_kv
+    longest = max(x.shape[0] for x in k)
+    k_pad = np.zeros((n, longest, n_kv, d), dtype=np.float32)
+    v_pad = np.zeros((n, longest, n_kv, d), dtype=np.float32)
+    pad = np.ones((n, longest), dtype=bool)                                   # [n, Lmax] past a span's end
+    for i, (ki, vi) in enumerate(zip(k, v)):
+        k_pad[i, :ki.shape[0]], v_pad[i, :vi.shape[0]], pad[i, :ki.shape[0]] = ki, vi, False
+    q4 = q.reshape(m, n_kv, group, d)                                          # [m, Hkv, g, d]
+    s = np.einsum("mkgd,nlkd->nmkgl", q4, k_pad, optimize=True)               # [n, m, Hkv, g, Lmax] logits
+    s[np.broadcast_to(pad[:, None, None, None, :], s.shape)] = -np.inf
+    lse = logsumexp(s, axis=-1)                                                # [n, m, Hkv, g]
+    s_sum = np.einsum("mkgd,nkd->nmkg", q4, k_sum, optimize=True)             # [n, m, Hkv, g] the summary key's
+    p = np.exp(s - lse[..., None])                                             # softmax within each span
+    value = np.einsum("nmkgl,nlkd->nkd", p, v_pad, optimize=True) / (m * group)  # [n, Hkv, d]
+    return (lse - s_sum).mean(axis=(1, 2, 3)).astype(np.float32), value.astype(np.float32)

@@ -122,7 +122,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                          step_routing=args.step_routing, route_every=args.route_every,
                          layer_steps=args.layer_steps, zoom_hold=args.zoom_hold, signal=args.signal,
                          host_format=args.host_format, lexical_share=args.lexical_share,
-                         chunk_lexical_share=args.chunk_lexical_share)
+                         chunk_lexical_share=args.chunk_lexical_share,
+                         summary_calibration=args.summary_calibration)
               if args.policy == "sekv" else None)
     if args.adapter and args.policy != "sekv":
         raise ValueError(f"--adapter is a router for the sekv policy, not for {args.policy}")

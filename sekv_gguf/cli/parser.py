@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     option(run, SekvConfig, "zoom_hold")
     option(run, SekvConfig, "lexical_share")
     option(run, SekvConfig, "chunk_lexical_share")
+    option(run, SekvConfig, "summary_calibration")
     option(run, SekvConfig, "signal")
     option(run, SekvConfig, "host_format")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")

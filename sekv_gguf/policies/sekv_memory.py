@@ -220,11 +220,13 @@ class SekvMemory:
                  rows: Callable[[int], tuple[np.ndarray, np.ndarray]], release: np.ndarray | None = None) -> None:
         """New spans into the store (``SpanStore.add``: positions, segmentation signal, rows per layer); the cells
         ``release`` (the spans' own tokens, when they sat in this context) freed; then the summary rows into free
-        cells (one per span, at the span's last position, bias ``+log|S|``)."""
+        cells (one per span, at the span's last position, bias ``+log|S|``; ``summary_calibration``: the bias and
+        value fitted to the last decode's captured queries, per layer)."""
         weights = signal if self.segmenter.weighted else [np.ones(p.size) for p in positions]
         first = len(self.store)
-        summaries = self.store.add(positions, weights, rows)
         hook = self.hook
+        queries = hook.queries if self.config.summary_calibration and self.summary_rows else None
+        summaries = self.store.add(positions, weights, rows, queries)
         if release is not None:
             hook.release(release)  # the tokens' rows now live in the store
         if self.summary_rows:
@@ -232,7 +234,11 @@ class SekvMemory:
             hook.claim(free, [int(p[-1]) for p in positions])
             for ikv, (k_sum, v_sum) in enumerate(summaries):
                 hook.set_values(ikv, free, k_sum, v_sum)  # quantized on the way into a quantized cache
-            hook.set_bias_cells(-1, free, np.log(self.store.lengths[first:]))
+            if queries is None:
+                hook.set_bias_cells(-1, free, np.log(self.store.lengths[first:]))
+            else:  # fitted per layer
+                for ikv, bias in enumerate(self.store.summary_bias):
+                    hook.set_bias_cells(ikv, free, bias[first:])
             self.store.place_summaries(first, free)
         if self.zoom.slots.size == 0 and self.plan.n_zoom > 0:
             self.zoom.claim(self.free_cells(self.plan.n_zoom))

@@ -165,10 +165,12 @@ class ZoomSlots:
         """The ``pins`` (span ids, best first) that fit ``share`` of the slots together, in their order."""
         return fit_in_order(pins, lengths, int(share * self.n_zoom)) if share > 0 else []
 
-    def zoom(self, ikv: int, chosen: list[int], spans: list[Span], step: int, capped: bool = True) -> None:
+    def zoom(self, ikv: int, chosen: list[int], spans: list[Span], step: int, capped: bool = True,
+             summary_bias: np.ndarray | None = None) -> None:
         """Make layer ``ikv`` hold the ``chosen`` spans (score order): those resident stay, new ones are rebuilt
         from their host factors (at most ``max_new`` when ``capped`` — a decode step's routing — after the first
-        step), evicting the least recently chosen."""
+        step), evicting the least recently chosen; an evicted span's summary row gets its bias back
+        (``summary_bias`` f32 [n_spans], the layer's: ``SpanStore.summary_bias``; None: log|S|)."""
         hook, resident, last_use = self.hook, self.resident[ikv], self.last_use[ikv]
         for sid in chosen:
             if sid in resident:
@@ -183,7 +185,7 @@ class ZoomSlots:
         # the layer's changes, written together at the end: slots masked / unmasked, summary cells' bias, new rows
         masked: list[np.ndarray] = []
         summary_cells: list[int] = []
-        summary_bias: list[float] = []
+        biases: list[float] = []
         for sid in sorted((s for s in resident if s not in chosen), key=lambda s: last_use[s]):
             if need <= int((~taken).sum()):
                 break
@@ -194,7 +196,7 @@ class ZoomSlots:
             masked.append(idx)
             if spans[sid].summary_cell >= 0:
                 summary_cells.append(spans[sid].summary_cell)
-                summary_bias.append(math.log(spans[sid].length))
+                biases.append(math.log(spans[sid].length) if summary_bias is None else float(summary_bias[sid]))
         new_sids: list[int] = []
         new_idx: list[np.ndarray] = []
         for sid in want:
@@ -208,7 +210,7 @@ class ZoomSlots:
             new_idx.append(idx)
             if span.summary_cell >= 0:
                 summary_cells.append(span.summary_cell)
-                summary_bias.append(NEG_INF)
+                biases.append(NEG_INF)
             resident[sid] = idx
             last_use[sid] = step
             self.zooms += 1
@@ -225,4 +227,4 @@ class ZoomSlots:
         if summary_cells:
             # a span evicted and zoomed again in one routing cannot happen (evicted spans are not chosen), so each
             # summary cell appears once
-            hook.set_bias_cells(ikv, summary_cells, np.asarray(summary_bias, dtype=np.float32))
+            hook.set_bias_cells(ikv, summary_cells, np.asarray(biases, dtype=np.float32))

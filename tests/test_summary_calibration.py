@@ -1,0 +1,91 @@
+"""Summary rows fitted to queries (``SekvConfig.summary_calibration``): for the query it was fitted to, a summary row
+stands for its span exactly (same softmax mass, same attention output); with equal keys it is the plain summary
+(log|S|, the mean value); in a policy, every layer's summary cells carry the store's fitted biases, which a zoom's
+eviction puts back and a saved memory keeps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.special import softmax
+
+from helpers import prose
+from sekv_gguf.config import BudgetConfig, SekvConfig
+from sekv_gguf.engine import make_policy
+from sekv_gguf.policies.snapshot import DeviceState
+from sekv_gguf.spans import calibrated_summaries
+
+
+def test_a_row_fitted_to_one_query_gives_it_the_spans_exact_attention_output():
+    rng = np.random.default_rng(0)
+    L, d = 24, 16
+    k, v = rng.normal(size=(L, 1, d)).astype(np.float32), rng.normal(size=(L, 1, d)).astype(np.float32)
+    k_sum = k.mean(axis=0)                                                   # [1, d]
+    q = (2.0 * rng.normal(size=(1, 1, d))).astype(np.float32)               # [m=1, H=1, d]
+    (bias,), (value,) = calibrated_summaries([k], [v], k_sum[None], q)
+    assert bias > np.log(L)  # Jensen: the plain row under-weights a span whose keys differ
+    others_k, others_v = rng.normal(size=(40, d)), rng.normal(size=(40, d))  # the rest of the cache
+    full = softmax(np.concatenate([others_k @ q[0, 0], k[:, 0] @ q[0, 0]]))
+    want = full @ np.concatenate([others_v, v[:, 0]])                        # the span's rows in attention
+    row = softmax(np.concatenate([others_k @ q[0, 0], [k_sum[0] @ q[0, 0] + bias]]))
+    got = row @ np.concatenate([others_v, value])                           # its one fitted row instead
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_equal_keys_give_the_plain_summary_for_grouped_heads():
+    rng = np.random.default_rng(1)
+    L, n_kv, group, d = 10, 2, 3, 8
+    key = rng.normal(size=(1, n_kv, d)).astype(np.float32)
+    k = np.repeat(key, L, axis=0)                                            # [L, Hkv, d], every key the same
+    v = rng.normal(size=(L, n_kv, d)).astype(np.float32)
+    q = rng.normal(size=(5, n_kv * group, d)).astype(np.float32)            # [m, H, d]
+    # a second, longer span beside it: the padding to the longest span must not leak into the shorter one
+    k2, v2 = rng.normal(size=(L + 7, n_kv, d)).astype(np.float32), rng.normal(size=(L + 7, n_kv, d)).astype(np.float32)
+    bias, value = calibrated_summaries([k, k2], [v, v2], np.stack([key[0], k2.mean(axis=0)]), q)
+    assert bias[0] == pytest.approx(np.log(L), abs=1e-5) and bias[1] > np.log(L + 7)
+    np.testing.assert_allclose(value[0], v.mean(axis=0), rtol=1e-5, atol=1e-6)
+
+
+def _policy(model, n: int, calibrated: bool):
+    return make_policy("sekv", model, n, budget=BudgetConfig(kv_budget=512, chunk=128),
+                       params=SekvConfig(summary_calibration=calibrated, route_every=2))
+
+
+def test_a_policy_puts_each_layers_fitted_bias_on_its_summary_cells_and_keeps_it(llama_model):
+    toks = llama_model.tokenize(prose(9000).encode(), add_bos=True, special=False)[:1400]
+    first, second, plain = (_policy(llama_model, len(toks) + 16, c) for c in (True, True, False))
+    try:
+        logits = first.prefill(toks)
+        plain.prefill(toks)
+        mem, hook = first.memory, first.session.hook
+        spans = mem.store.spans
+        assert len(spans) > 4
+        log_len = np.log(mem.store.lengths)
+        fitted = np.stack(mem.store.summary_bias)                             # [n_layer, n_spans]
+        assert np.all(np.isfinite(fitted)) and np.abs(fitted - log_len).max() > 0.05
+        np.testing.assert_allclose(np.stack(plain.memory.store.summary_bias), log_len[None, :].repeat(len(fitted), 0))
+        for ikv in range(mem.store.n_layer):
+            bias = hook.get_bias(ikv)
+            resident = mem.zoom.resident[ikv]
+            for span in spans:
+                want = -np.inf if span.id in resident else fitted[ikv, span.id]
+                assert bias[span.summary_cell] == pytest.approx(want, rel=1e-6), (ikv, span.id)
+        # decode steps zoom and evict: an evicted span's summary gets its fitted bias back, and a memory loaded
+        # from plain data goes on bit for bit
+        for _ in range(4):
+            logits = first.step(int(np.argmax(logits)))
+        for ikv in range(mem.store.n_layer):
+            bias = hook.get_bias(ikv)
+            for span in spans:
+                if span.id not in mem.zoom.resident[ikv]:
+                    assert bias[span.summary_cell] == pytest.approx(fitted[ikv, span.id], rel=1e-6)
+        DeviceState.take(first.session).put(second.session)
+        second.memory.load_plain(mem.to_plain())
+        second.tokens = list(first.tokens)
+        for _ in range(4):
+            token = int(np.argmax(logits))
+            logits = first.step(token)
+            np.testing.assert_array_equal(second.step(token), logits)
+    finally:
+        for p in (first, second, plain):
+            p.close()
