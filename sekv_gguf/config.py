@@ -334,13 +334,15 @@ class SekvConfig:
              "spans sharing rare token n-grams with the chunk itself (lexical pins, the chunk as the cue): a sentence "
              "that repeats an earlier one's rare words (a key, a name, a template) is computed reading that "
              "sentence's rows, as full attention's copying heads read them, not its summary; 0: off")
-    summary_calibration: bool = setting(
-        False, "each new span's summary row, per layer, fitted to the queries the hook captured in the last decode "
-               "(a streamed chunk's probes: tokens after the span): its bias the mean over those queries and heads of "
-               "logsumexp_t q.k_t - q.k_summary (the mass the one row must carry for the span's tokens; log|S| where "
-               "the keys are equal, more by Jensen's gap where they differ) and its value the mean attention-weighted "
-               "value sum_t softmax_t(q.k_t) v_t, instead of log|S| and the weighted mean value; off: log|S| and the "
-               "mean (also where no query was captured yet)")
+    summary_calibration: str = setting(
+        "off", "each new span's summary row, per layer, fitted to the queries the hook captured in the last decode "
+               "(a streamed chunk's probes: tokens after the span): its value the mean attention-weighted value "
+               "sum_t softmax_t(q.k_t) v_t and its bias the mean over those queries and heads of logsumexp_t q.k_t - "
+               "q.k_summary (the mass the one row must carry for the span's tokens; log|S| where the keys are equal, "
+               "more by Jensen's gap where they differ). \"prefill\": the fitted bias while a prompt's chunks stream "
+               "(the rows they compute), log|S| after (decode steps and turns); \"always\": the fitted bias "
+               "throughout; \"off\": log|S| and the weighted mean value",
+        choices=("off", "prefill", "always"))
     chunk_probes: int = setting(16, "how many of a chunk decode's tokens route it (chunk_routing): the queries of "
                                     "that many tokens, evenly spaced and ending at its last (captured in the graph), "
                                     "score every span by its best probe, so spans any part of the chunk reads are "
@@ -407,6 +409,8 @@ class SekvConfig:
             raise ValueError(f"span_cuts must be sentence or surprisal, got {self.span_cuts!r}")
         if self.spread_anchors not in ("none", "share", "quantile"):
             raise ValueError(f"spread_anchors must be none, share or quantile, got {self.spread_anchors!r}")
+        if self.summary_calibration not in ("off", "prefill", "always"):
+            raise ValueError(f"summary_calibration must be off, prefill or always, got {self.summary_calibration!r}")
         if self.host_format not in HOST_FORMATS:
             raise ValueError(f"host_format must be one of {', '.join(HOST_FORMATS)}, got {self.host_format!r}")
         if self.block_tokens < 1:

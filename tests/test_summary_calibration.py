@@ -1,7 +1,7 @@
 """Summary rows fitted to queries (``SekvConfig.summary_calibration``): for the query it was fitted to, a summary row
 stands for its span exactly (same softmax mass, same attention output); with equal keys it is the plain summary
 (log|S|, the mean value); in a policy, every layer's summary cells carry the store's fitted biases, which a zoom's
-eviction puts back and a saved memory keeps."""
+eviction puts back and a saved memory keeps; with "prefill" only while a prompt's chunks stream, log|S| after."""
 
 from __future__ import annotations
 
@@ -46,14 +46,14 @@ def test_equal_keys_give_the_plain_summary_for_grouped_heads():
     np.testing.assert_allclose(value[0], v.mean(axis=0), rtol=1e-5, atol=1e-6)
 
 
-def _policy(model, n: int, calibrated: bool):
+def _policy(model, n: int, mode: str):
     return make_policy("sekv", model, n, budget=BudgetConfig(kv_budget=512, chunk=128),
-                       params=SekvConfig(summary_calibration=calibrated, route_every=2))
+                       params=SekvConfig(summary_calibration=mode, route_every=2))
 
 
 def test_a_policy_puts_each_layers_fitted_bias_on_its_summary_cells_and_keeps_it(llama_model):
     toks = llama_model.tokenize(prose(9000).encode(), add_bos=True, special=False)[:1400]
-    first, second, plain = (_policy(llama_model, len(toks) + 16, c) for c in (True, True, False))
+    first, second, plain = (_policy(llama_model, len(toks) + 16, c) for c in ("always", "always", "off"))
     try:
         logits = first.prefill(toks)
         plain.prefill(toks)
@@ -88,4 +88,27 @@ def test_a_policy_puts_each_layers_fitted_bias_on_its_summary_cells_and_keeps_it
             np.testing.assert_array_equal(second.step(token), logits)
     finally:
         for p in (first, second, plain):
+            p.close()
+
+
+def test_prefill_mode_fits_the_bias_while_the_prompt_streams_and_puts_log_len_back_after(llama_model):
+    toks = llama_model.tokenize(prose(9000, offset=500).encode(), add_bos=True, special=False)[:1400]
+    fitted, always, plain = (_policy(llama_model, len(toks) + 16, c) for c in ("prefill", "always", "off"))
+    try:
+        got = [p.prefill(toks) for p in (fitted, always, plain)]
+        np.testing.assert_array_equal(got[0], got[1])  # the same prompt computed: fitted bias through it
+        assert np.abs(got[0] - got[2]).max() > 1e-3    # ... which log|S| does not give
+        mem, hook = fitted.memory, fitted.session.hook
+        np.testing.assert_array_equal(np.stack(mem.store.summary_bias), np.stack(always.memory.store.summary_bias))
+        log_len = np.log(mem.store.lengths)
+        logits = got[0]
+        for step in range(3):  # after the prompt (and across the steps' zooms and evictions): log|S|
+            for ikv in range(mem.store.n_layer):
+                bias = hook.get_bias(ikv)
+                for span in mem.store.spans:
+                    want = -np.inf if span.id in mem.zoom.resident[ikv] else log_len[span.id]
+                    assert bias[span.summary_cell] == pytest.approx(want, rel=1e-6), (step, ikv, span.id)
+            logits = fitted.step(int(np.argmax(logits)))
+    finally:
+        for p in (fitted, always, plain):
             p.close()

@@ -136,27 +136,32 @@ class SekvPolicy(Policy):
         routed = not self.plan.fits and not turn and cfg.chunk_routing == "layer"
         ngrams = SpanNgrams(cfg) if routed and cfg.chunk_lexical_share > 0 else None
         every = self.tokens + list(tokens) if ngrams else []  # every token once this prompt is in, by position
+        fit = cfg.summary_calibration == "prefill" and not self.plan.fits
+        mem.use_fitted_bias(fit or cfg.summary_calibration == "always")  # "prefill": fitted while the prompt streams
         try:
-            for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
-                mem.make_room(c1 - c0)  # room for the chunk (an elastic window may have filled the budget)
-                if ngrams is not None and len(mem.store):
-                    ngrams.extend(every, mem.store.spans)
-                    mem.chunk_pins = ngrams.pins(tokens[c0:c1], len(mem.store))  # the chunk as the cue
-                logits = self._decode_chunk(tokens[c0:c1], routed, scored, fill)
-                self._chunk_done(c1)
+            try:
+                for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
+                    mem.make_room(c1 - c0)  # room for the chunk (an elastic window may have filled the budget)
+                    if ngrams is not None and len(mem.store):
+                        ngrams.extend(every, mem.store.spans)
+                        mem.chunk_pins = ngrams.pins(tokens[c0:c1], len(mem.store))  # the chunk as the cue
+                    logits = self._decode_chunk(tokens[c0:c1], routed, scored, fill)
+                    self._chunk_done(c1)
+            finally:
+                mem.chunk_pins = []
+            if len(mem.store):
+                changes = mem.zoom.changes
+                self._pin(tokens)
+                self.routing.route(mem, kind="prompt", probes=turn and cfg.turn_probes)  # a turn: by its probes
+                reroute = cfg.prompt_reroute and not turn and mem.hook.query_probes > 1
+                if cfg.zoom_lag_refresh and (reroute or mem.zoom.changes != changes):  # the tail saw other spans
+                    if reroute:
+                        logits = self._reroute_tail(tokens)
+                    else:
+                        logits = refresh_tail(mem, tokens, cfg.refresh_tokens if turn else self.tail_refresh)
+                    self.notify()
         finally:
-            mem.chunk_pins = []
-        if len(mem.store):
-            changes = mem.zoom.changes
-            self._pin(tokens)
-            self.routing.route(mem, kind="prompt", probes=turn and cfg.turn_probes)  # a turn: by its captured probes
-            reroute = cfg.prompt_reroute and not turn and mem.hook.query_probes > 1
-            if cfg.zoom_lag_refresh and (reroute or mem.zoom.changes != changes):  # the tail saw other spans
-                if reroute:
-                    logits = self._reroute_tail(tokens)
-                else:
-                    logits = refresh_tail(mem, tokens, cfg.refresh_tokens if turn else self.tail_refresh)
-                self.notify()
+            mem.use_fitted_bias(cfg.summary_calibration == "always")  # "prefill": log|S| for what follows
         return logits
 
     def _turn_in_layers(self, tokens: list[int], scored: bool, fill: float) -> np.ndarray | None:

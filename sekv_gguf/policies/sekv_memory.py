@@ -99,6 +99,9 @@ class SekvMemory:
         self.clock = 0  # routings so far (prompt, chunk and step): what zooms are stamped with for the LRU
         self.pins: list[int] = []  # span ids the last prompt or turn matches lexically, best first (lexical_share)
         self.chunk_pins: list[int] = []  # span ids the streamed chunk matches lexically (chunk_lexical_share)
+        # which summary bias the device holds: the fitted one (SpanStore.summary_bias) or log|S| (summary_calibration:
+        # "always" fitted; "prefill" fitted only while a prompt's chunks stream, SekvPolicy._append)
+        self.fitted_bias = config.summary_calibration == "always"
         self.swa_transferred = False  # the SWA cache came from another context (exact prefill)
         self.transient_kv_bytes = 0  # full KV of the temporary context of the last exact prefill (0: streamed)
         self.counters = RouteCounters()
@@ -225,8 +228,8 @@ class SekvMemory:
         weights = signal if self.segmenter.weighted else [np.ones(p.size) for p in positions]
         first = len(self.store)
         hook = self.hook
-        queries = hook.queries if self.config.summary_calibration and self.summary_rows else None
-        summaries = self.store.add(positions, weights, rows, queries)
+        fit = self.config.summary_calibration != "off" and self.summary_rows
+        summaries = self.store.add(positions, weights, rows, hook.queries if fit else None)
         if release is not None:
             hook.release(release)  # the tokens' rows now live in the store
         if self.summary_rows:
@@ -234,7 +237,7 @@ class SekvMemory:
             hook.claim(free, [int(p[-1]) for p in positions])
             for ikv, (k_sum, v_sum) in enumerate(summaries):
                 hook.set_values(ikv, free, k_sum, v_sum)  # quantized on the way into a quantized cache
-            if queries is None:
+            if not self.fitted_bias:
                 hook.set_bias_cells(-1, free, np.log(self.store.lengths[first:]))
             else:  # fitted per layer
                 for ikv, bias in enumerate(self.store.summary_bias):
@@ -242,6 +245,27 @@ class SekvMemory:
             self.store.place_summaries(first, free)
         if self.zoom.slots.size == 0 and self.plan.n_zoom > 0:
             self.zoom.claim(self.free_cells(self.plan.n_zoom))
+
+    def summary_bias(self, ikv: int) -> np.ndarray | None:
+        """f32 [n_spans]: the bias layer ``ikv``'s summary rows take where they are not zoomed, as the device holds
+        it now (``fitted_bias``): the fitted one, or None for log|S|."""
+        return self.store.summary_bias[ikv] if self.fitted_bias else None
+
+    def use_fitted_bias(self, on: bool) -> None:
+        """Give every summary row that is not zoomed its fitted bias (``on``) or log|S|, in every layer."""
+        if on == self.fitted_bias or not self.summary_rows:
+            return
+        self.fitted_bias = on
+        if not len(self.store):
+            return
+        cells = np.array([s.summary_cell for s in self.store.spans], dtype=np.int32)        # [S]
+        log_len = np.log(self.store.lengths)
+        for ikv, resident in enumerate(self.zoom.resident):
+            out = np.ones(cells.size, dtype=bool)
+            out[list(resident)] = False                                                      # zoomed: stays -inf
+            out &= cells >= 0
+            bias = self.store.summary_bias[ikv] if on else log_len
+            self.hook.set_bias_cells(ikv, cells[out], bias[out])
 
     def free_cells(self, n: int) -> np.ndarray:
         free = np.flatnonzero(self.hook.cells_pos()[: self.plan.cells] == -1).astype(np.int32)

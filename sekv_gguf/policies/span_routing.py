@@ -56,7 +56,7 @@ class SpanRouting:
                                       self.config.prompt_consensus, first)
             for ikv in layers:
                 memory.zoom.zoom(ikv, chosen[ikv], memory.store.spans, memory.clock, capped=False,
-                                 summary_bias=memory.store.summary_bias[ikv])
+                                 summary_bias=memory.summary_bias(ikv))
         else:
             for ikv in layers:
                 self.route_layer(memory, ikv, asked[ikv], router, kind)
@@ -97,7 +97,7 @@ class SpanRouting:
             pins, share = memory.pins, cfg.lexical_share
         chosen = memory.zoom.choose(ranking.scores, memory.store.lengths, pins, share)
         memory.zoom.zoom(ikv, chosen, memory.store.spans, memory.clock, capped=kind != "prompt",
-                         summary_bias=memory.store.summary_bias[ikv])
+                         summary_bias=memory.summary_bias(ikv))
 
     @single_threaded_blas
     def in_layers(self, memory: SekvMemory, decode: Callable[[], np.ndarray], kind: str,
