@@ -334,7 +334,6 @@ def weighted_mean(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return np.tensordot(w, rows.astype(np.float64), axes=(0, 0)).astype(np.float32)
 
 
-
 def calibrated_summaries(k: list[np.ndarray], v: list[np.ndarray], k_sum: np.ndarray,
                          q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Summary rows fitted to queries (``SekvConfig.summary_calibration``): for spans of keys ``k[i]`` and values

@@ -136,8 +136,7 @@ class SekvPolicy(Policy):
         routed = not self.plan.fits and not turn and cfg.chunk_routing == "layer"
         ngrams = SpanNgrams(cfg) if routed and cfg.chunk_lexical_share > 0 else None
         every = self.tokens + list(tokens) if ngrams else []  # every token once this prompt is in, by position
-        fit = cfg.summary_calibration == "prefill" and not self.plan.fits
-        mem.use_fitted_bias(fit or cfg.summary_calibration == "always")  # "prefill": fitted while the prompt streams
+        mem.use_fitted_bias(cfg.summary_calibration != "off")  # "prefill": fitted while the prompt streams
         try:
             try:
                 for c0, c1 in zip(starts, starts[1:] + [len(tokens)]):
