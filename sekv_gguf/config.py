@@ -343,6 +343,11 @@ class SekvConfig:
                "(the rows they compute), log|S| after (decode steps and turns); \"always\": the fitted bias "
                "throughout; \"off\": log|S| and the weighted mean value",
         choices=("off", "prefill", "always"))
+    summary_calibration_parts: str = setting(
+        "both", "what summary_calibration fits: \"both\" the bias and the value, \"bias\" the bias alone (the value "
+                "stays the weighted mean, so with \"prefill\" decode steps and turns read the same rows as \"off\"), "
+                "\"value\" the value alone (the bias stays log|S|)",
+        choices=("both", "bias", "value"))
     chunk_probes: int = setting(16, "how many of a chunk decode's tokens route it (chunk_routing): the queries of "
                                     "that many tokens, evenly spaced and ending at its last (captured in the graph), "
                                     "score every span by its best probe, so spans any part of the chunk reads are "
@@ -411,6 +416,9 @@ class SekvConfig:
             raise ValueError(f"spread_anchors must be none, share or quantile, got {self.spread_anchors!r}")
         if self.summary_calibration not in ("off", "prefill", "always"):
             raise ValueError(f"summary_calibration must be off, prefill or always, got {self.summary_calibration!r}")
+        if self.summary_calibration_parts not in ("both", "bias", "value"):
+            raise ValueError("summary_calibration_parts must be both, bias or value, got "
+                             f"{self.summary_calibration_parts!r}")
         if self.host_format not in HOST_FORMATS:
             raise ValueError(f"host_format must be one of {', '.join(HOST_FORMATS)}, got {self.host_format!r}")
         if self.block_tokens < 1:

@@ -161,7 +161,10 @@ class SpanStore:
             bias = np.log([p.size for p in positions]).astype(np.float32)           # [n_new] log|S|
             q = queries(ikv) if queries is not None else None                        # [m, H, d]
             if q is not None and q.shape[0]:
-                bias, v_mean = calibrated_summaries(k_parts, v_parts, k_mean, q)
+                fit_bias, fit_value = calibrated_summaries(k_parts, v_parts, k_mean, q)
+                parts = self.config.summary_calibration_parts
+                bias = fit_bias if parts != "value" else bias
+                v_mean = fit_value if parts != "bias" else v_mean
             self.summary_bias[ikv] = np.concatenate([self.summary_bias[ikv], bias])
             if "keys" in self.fields:
                 self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean.astype(np.float16)])

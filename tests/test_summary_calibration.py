@@ -13,6 +13,7 @@ from helpers import prose
 from sekv_gguf.config import BudgetConfig, SekvConfig
 from sekv_gguf.engine import make_policy
 from sekv_gguf.policies.snapshot import DeviceState
+from sekv_gguf.span_store import SpanStore
 from sekv_gguf.spans import calibrated_summaries
 
 
@@ -112,3 +113,29 @@ def test_prefill_mode_fits_the_bias_while_the_prompt_streams_and_puts_log_len_ba
     finally:
         for p in (fitted, always, plain):
             p.close()
+
+
+@pytest.mark.parametrize("parts", ["both", "bias", "value"])
+def test_the_store_fits_only_the_parts_asked_for(parts):
+    rng = np.random.default_rng(2)
+    n_kv, d, lengths = 2, 16, (12, 16)
+    cfg = SekvConfig(span_min=8, span_max=16, block_tokens=4, summary_calibration="always",
+                     summary_calibration_parts=parts)
+    store, plain = SpanStore(1, n_kv, d, cfg), SpanStore(1, n_kv, d, SekvConfig(span_min=8, span_max=16, block_tokens=4))
+    k = rng.normal(size=(sum(lengths), n_kv, d)).astype(np.float16)            # [sum L_i, Hkv, d]
+    v = rng.normal(size=(sum(lengths), n_kv, d)).astype(np.float16)
+    q = (2.0 * rng.normal(size=(3, 2 * n_kv, d))).astype(np.float32)        # [m, H, d]
+    positions = [np.arange(lengths[0]), lengths[0] + np.arange(lengths[1])]
+    weights = [np.ones(n) for n in lengths]
+    (k_fit, v_fit), = store.add(positions, weights, lambda ikv: (k, v), lambda ikv: q)
+    (k_plain, v_plain), = plain.add(positions, weights, lambda ikv: (k, v))
+    np.testing.assert_array_equal(k_fit, k_plain)                            # the key is the mean either way
+    fitted_bias = np.abs(store.summary_bias[0] - plain.summary_bias[0]).max() > 0.05
+    fitted_value = np.abs(v_fit.astype(np.float32) - v_plain.astype(np.float32)).max() > 0.05
+    assert (fitted_bias, fitted_value) == {"both": (True, True), "bias": (True, False), "value": (False, True)}[parts]
+    if parts == "bias":
+        np.testing.assert_array_equal(v_fit, v_plain)
+    if parts == "value":
+        np.testing.assert_array_equal(store.summary_bias[0], plain.summary_bias[0])
+    with pytest.raises(ValueError, match="summary_calibration_parts"):
+        SekvConfig(summary_calibration_parts="keys")
