@@ -139,3 +139,44 @@ def test_the_store_fits_only_the_parts_asked_for(parts):
         np.testing.assert_array_equal(store.summary_bias[0], plain.summary_bias[0])
     with pytest.raises(ValueError, match="summary_calibration_parts"):
         SekvConfig(summary_calibration_parts="keys")
+
+
+def test_prompt_mode_puts_the_plain_rows_back_once_the_prompt_is_in(llama_model):
+    """"prompt": the prompt computed as "prefill" computes it (fitted bias and value), then every summary cell holds
+    what "off" would have written for the same spans (log|S|, the weighted-mean value), and decode steps fit nothing."""
+    toks = llama_model.tokenize(prose(9000, offset=900).encode(), add_bos=True, special=False)[:1400]
+    prompt, prefill = (_policy(llama_model, len(toks) + 160, c) for c in ("prompt", "prefill"))
+    store, plain = prompt.memory.store, []                 # every add's plain values, per call [n_layer][n_new, .]
+    add = store.add
+
+    def recording_add(*args, **kwargs):
+        out = add(*args, **kwargs)
+        plain.append(store.plain_values)
+        return out
+
+    store.add = recording_add
+    try:
+        got = [p.prefill(toks) for p in (prompt, prefill)]
+        np.testing.assert_array_equal(got[0], got[1])  # the prompt's chunks read the same fitted rows
+        mem, hook = prompt.memory, prompt.session.hook
+        assert not mem.fitted_rows and len(mem.store) > 4
+        cells = np.array([s.summary_cell for s in mem.store.spans], dtype=np.int32)
+        for ikv in range(mem.store.n_layer):
+            _, v_dev = hook.get_rows(ikv, cells)                                   # [S, Hkv, d] f16
+            _, v_fit = prefill.session.hook.get_rows(ikv, cells)
+            want = np.concatenate([p[ikv] for p in plain])                         # [S, Hkv*d] the weighted means
+            np.testing.assert_array_equal(v_dev.reshape(want.shape), want)
+            assert np.abs(v_dev.astype(np.float32) - v_fit.astype(np.float32)).max() > 1e-3  # not the fitted value
+            bias = hook.get_bias(ikv)
+            for span in mem.store.spans:
+                if span.id not in mem.zoom.resident[ikv]:
+                    assert bias[span.summary_cell] == pytest.approx(np.log(span.length), rel=1e-6)
+        n_spans, logits = len(mem.store), got[0]
+        for _ in range(120):  # decode steps past the window's edge: new spans, fitted to nothing
+            logits = prompt.step(int(np.argmax(logits)))
+        assert len(mem.store) > n_spans and not mem.fitted_rows
+        np.testing.assert_array_equal(np.stack(mem.store.summary_bias)[:, n_spans:],
+                                      np.log(mem.store.lengths[n_spans:])[None].repeat(mem.store.n_layer, 0))
+    finally:
+        for p in (prompt, prefill):
+            p.close()
