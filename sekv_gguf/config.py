@@ -340,11 +340,9 @@ class SekvConfig:
                "sum_t softmax_t(q.k_t) v_t and its bias the mean over those queries and heads of logsumexp_t q.k_t - "
                "q.k_summary (the mass the one row must carry for the span's tokens; log|S| where the keys are equal, "
                "more by Jensen's gap where they differ). \"prefill\": the fitted bias while a prompt's chunks stream "
-               "(the rows they compute), log|S| after (decode steps and turns), the fitted value kept; \"prompt\": "
-               "the fitted bias and value while a prompt's chunks stream, then log|S| and the weighted mean value "
-               "(the plain rows) for what follows; \"always\": the fitted bias throughout; \"off\": log|S| and "
-               "the weighted mean value",
-        choices=("off", "prefill", "prompt", "always"))
+               "(the rows they compute), log|S| after (decode steps and turns); \"always\": the fitted bias "
+               "throughout; \"off\": log|S| and the weighted mean value",
+        choices=("off", "prefill", "always"))
     summary_calibration_parts: str = setting(
         "both", "what summary_calibration fits: \"both\" the bias and the value, \"bias\" the bias alone (the value "
                 "stays the weighted mean, so with \"prefill\" decode steps and turns read the same rows as \"off\"), "
@@ -416,9 +414,8 @@ class SekvConfig:
             raise ValueError(f"span_cuts must be sentence or surprisal, got {self.span_cuts!r}")
         if self.spread_anchors not in ("none", "share", "quantile"):
             raise ValueError(f"spread_anchors must be none, share or quantile, got {self.spread_anchors!r}")
-        if self.summary_calibration not in ("off", "prefill", "prompt", "always"):
-            raise ValueError("summary_calibration must be off, prefill, prompt or always, got "
-                             f"{self.summary_calibration!r}")
+        if self.summary_calibration not in ("off", "prefill", "always"):
+            raise ValueError(f"summary_calibration must be off, prefill or always, got {self.summary_calibration!r}")
         if self.summary_calibration_parts not in ("both", "bias", "value"):
             raise ValueError("summary_calibration_parts must be both, bias or value, got "
                              f"{self.summary_calibration_parts!r}")

@@ -117,9 +117,6 @@ class SpanStore:
         self.block_logn = np.zeros((0, self.n_blocks), dtype=np.float32)
         self.sketch: list[dict[str, np.ndarray]] = [{} for _ in range(n_layer)]
         self.summary_bias = [np.zeros(0, dtype=np.float32) for _ in range(n_layer)]
-        # per layer, the weighted-mean values f16 [n_new, Hkv*d] of the last ``add``'s spans: what their summary rows
-        # hold without calibration (summary_calibration="prompt" puts them back once the prompt is in)
-        self.plain_values: list[np.ndarray] = []
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -144,7 +141,7 @@ class SpanStore:
         n_new = len(positions)
         cut = np.cumsum([0] + [p.size for p in positions])
         new = [Span(id=len(self.spans) + i, positions=np.asarray(p, dtype=np.int32)) for i, p in enumerate(positions)]
-        summaries, self.plain_values = [], []
+        summaries = []
         splits = [self._blocks(p.size) for p in positions]               # per span: B' arrays of token indices
         for ikv in range(self.n_layer):
             k_rows, v_rows = rows(ikv)
@@ -162,7 +159,6 @@ class SpanStore:
             k_mean = np.stack([weighted_mean(p, w) for p, w in zip(k_parts, weights)])  # [n_new, Hkv, d]
             v_mean = np.stack([weighted_mean(p, w) for p, w in zip(v_parts, weights)])
             bias = np.log([p.size for p in positions]).astype(np.float32)           # [n_new] log|S|
-            self.plain_values.append(v_mean.reshape(n_new, -1).astype(np.float16))   # [n_new, Hkv*d]
             q = queries(ikv) if queries is not None else None                        # [m, H, d]
             if q is not None and q.shape[0]:
                 fit_bias, fit_value = calibrated_summaries(k_parts, v_parts, k_mean, q)

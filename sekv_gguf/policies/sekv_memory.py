@@ -102,9 +102,6 @@ class SekvMemory:
         # which summary bias the device holds: the fitted one (SpanStore.summary_bias) or log|S| (summary_calibration:
         # "always" fitted; "prefill" fitted only while a prompt's chunks stream, SekvPolicy._append)
         self.fitted_bias = config.summary_calibration == "always"
-        # summary_calibration="prompt": the spans given fitted values during this prompt, with their plain rows per
-        # layer (span ids int [n], then per layer key and value f16 [n, Hkv*d]), put back by use_fitted_bias
-        self.fitted_rows: list[tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]] = []
         self.swa_transferred = False  # the SWA cache came from another context (exact prefill)
         self.transient_kv_bytes = 0  # full KV of the temporary context of the last exact prefill (0: streamed)
         self.counters = RouteCounters()
@@ -231,8 +228,7 @@ class SekvMemory:
         weights = signal if self.segmenter.weighted else [np.ones(p.size) for p in positions]
         first = len(self.store)
         hook = self.hook
-        mode = self.config.summary_calibration
-        fit = self.summary_rows and mode != "off" and (mode != "prompt" or self.fitted_bias)  # "prompt": in one
+        fit = self.config.summary_calibration != "off" and self.summary_rows
         summaries = self.store.add(positions, weights, rows, hook.queries if fit else None)
         if release is not None:
             hook.release(release)  # the tokens' rows now live in the store
@@ -241,9 +237,6 @@ class SekvMemory:
             hook.claim(free, [int(p[-1]) for p in positions])
             for ikv, (k_sum, v_sum) in enumerate(summaries):
                 hook.set_values(ikv, free, k_sum, v_sum)  # quantized on the way into a quantized cache
-            if fit and mode == "prompt":
-                self.fitted_rows.append((np.arange(first, len(self.store)), [
-                    (k_sum, plain) for (k_sum, _), plain in zip(summaries, self.store.plain_values)]))
             if not self.fitted_bias:
                 hook.set_bias_cells(-1, free, np.log(self.store.lengths[first:]))
             else:  # fitted per layer
@@ -259,15 +252,7 @@ class SekvMemory:
         return self.store.summary_bias[ikv] if self.fitted_bias else None
 
     def use_fitted_bias(self, on: bool) -> None:
-        """Give every summary row that is not zoomed its fitted bias (``on``) or log|S|, in every layer; turning it
-        off also gives the rows fitted during this prompt their plain values (``summary_calibration="prompt"``)."""
-        if not on:
-            for ids, layers in self.fitted_rows:
-                keep = ids < len(self.store)                     # a rollback may have dropped some since
-                cells = np.array([self.store.spans[i].summary_cell for i in ids[keep]], dtype=np.int32)
-                for ikv, (k_sum, v_plain) in enumerate(layers):
-                    self.hook.set_values(ikv, cells, k_sum[keep], v_plain[keep])
-            self.fitted_rows = []
+        """Give every summary row that is not zoomed its fitted bias (``on``) or log|S|, in every layer."""
         if on == self.fitted_bias or not self.summary_rows:
             return
         self.fitted_bias = on
