@@ -12,8 +12,8 @@ import pytest
 from helpers import prose
 from sekv_gguf.config import BudgetConfig, ContextConfig, SekvConfig
 from sekv_gguf.engine import make_policy
-from sekv_gguf.policies.lexical import (SpanNgrams, lexical_pins, lexical_scores, ngram_keys, span_of_positions,
-                                        with_neighbours)
+from sekv_gguf.policies.lexical import (SpanNgrams, lexical_pins, lexical_scores, ngram_keys, pair_scores, pins_of,
+                                        span_of_positions, with_neighbours)
 from sekv_gguf.policies.zoom import choose_around, fit_in_order
 from sekv_gguf.spans import Span
 
@@ -81,13 +81,36 @@ def test_the_span_ngram_index_scores_every_chunk_as_a_pass_over_every_token_does
         index.extend(every, cut)
         assert index.n_spans == len(cut)
         want = lexical_scores(toks[:c1], cut, cfg, cue=100)
-        np.testing.assert_allclose(index.scores(toks[c1 - 100:c1], len(cut)), want, rtol=1e-12, atol=0)
+        np.testing.assert_array_equal(index.scores(toks[c1 - 100:c1], len(cut)), want)  # bit for bit
         assert index.pins(toks[c1 - 100:c1], len(cut)) == lexical_pins(toks[:c1], cut, cfg, cue=100)
         checked += bool(want.any())
     assert checked > 10 and index.keys.size > 0         # compared where scores were not all zero, after merges
     index.extend(every, spans[:3])                      # fewer spans than indexed (a rollback): indexed again
     assert index.n_spans == 3
-    np.testing.assert_allclose(index.scores(toks[-50:], 3), lexical_scores(toks, spans[:3], cfg, cue=50))
+    np.testing.assert_array_equal(index.scores(toks[-50:], 3), lexical_scores(toks, spans[:3], cfg, cue=50))
+
+
+def test_a_span_score_does_not_depend_on_the_order_of_its_pairs():
+    """``pair_scores`` sums each span's weights in one order whatever order the (n-gram, span) pairs come in, so
+    spans matching n-grams of the same rarity tie exactly and the pins' tie rule (the lower id first) holds: summed in
+    the pairs' order, these scores differ in their last bits from one permutation to the next."""
+    cfg = SekvConfig(lexical_max_spans=8)
+    rng = np.random.default_rng(0)
+    n_spans = 50
+    pairs = np.unique(np.stack([rng.integers(0, 400, size=3000).astype(np.uint64),
+                                rng.integers(0, n_spans, size=3000).astype(np.uint64)]), axis=1)
+    keys, sids = pairs[0], pairs[1].astype(np.int64)             # [p] distinct (key, span), ~12 keys per span
+    want = pair_scores(keys, sids, n_spans, cfg)
+    assert np.count_nonzero(want) > 40
+    for _ in range(5):
+        perm = rng.permutation(keys.size)
+        np.testing.assert_array_equal(pair_scores(keys[perm], sids[perm], n_spans, cfg), want)
+    # two spans matching n-grams of the same rarity (df 1, 1, 2: spans 1 and 3 share the third), listed in different
+    # orders: equal scores, the lower id first
+    keys = np.array([10, 11, 12, 20, 21, 12], dtype=np.uint64)
+    sids = np.array([3, 3, 3, 1, 1, 1], dtype=np.int64)
+    tied = pair_scores(keys[[2, 0, 1, 5, 4, 3]], sids[[2, 0, 1, 5, 4, 3]], 5, cfg)
+    assert tied[1] == tied[3] > 0 and pins_of(tied, cfg)[:2] == [1, 3]
 
 
 def test_neighbours_stay_inside_the_spans():

@@ -66,12 +66,15 @@ def lexical_scores(tokens: np.ndarray, spans: list[Span], config: SekvConfig, cu
 def pair_scores(keys: np.ndarray, sids: np.ndarray, n_spans: int, config: SekvConfig) -> np.ndarray:
     """f64 [n_spans]: the lexical score of each span from the distinct (n-gram, span) pairs ``keys`` uint64 [p] /
     ``sids`` int64 [p] that match the cue: ``log(1 + n_spans / df)`` per pair, n-grams in more than
-    ``lexical_max_spans`` spans left out."""
+    ``lexical_max_spans`` spans left out. Each span's weights are summed in ascending order, so the score depends on
+    the pairs, not on their order: spans matching n-grams of the same rarity tie exactly (``pins_of``: the lower id
+    first), and ``SpanNgrams.scores`` equals ``lexical_scores`` bit for bit."""
     _, inverse, df = np.unique(keys, return_inverse=True, return_counts=True)  # spans per n-gram
     df = df[inverse]                                                            # [p]
     rare = df <= config.lexical_max_spans
-    weight = np.log1p(n_spans / df[rare])
-    return np.bincount(sids[rare], weights=weight, minlength=n_spans)
+    weight, rare_sids = np.log1p(n_spans / df[rare]), sids[rare]                # [r]
+    order = np.lexsort((weight, rare_sids))                                     # by span, then weight
+    return np.bincount(rare_sids[order], weights=weight[order], minlength=n_spans)
 
 
 def lexical_pins(tokens: np.ndarray, spans: list[Span], config: SekvConfig, cue: int | None = None) -> list[int]:
