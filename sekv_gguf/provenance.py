@@ -1,6 +1,7 @@
-"""Where a result came from: the command that made it, the git commit of this checkout and the machine it ran on (saved
-with every benchmark, evaluation and trained adapter). ``envelope()`` is the three together, the fields every
-``bench/`` JSON carries; ``record`` adds them to one key of a shared JSON file."""
+"""Where a result came from: the command that made it, the git commit of this checkout (and the code files that
+differed from it) and the machine it ran on (saved with every benchmark, evaluation and trained adapter).
+``envelope()`` is those together, the fields every ``bench/`` JSON carries; ``record`` adds them to one key of a
+shared JSON file."""
 
 from __future__ import annotations
 
@@ -28,14 +29,35 @@ def head() -> str:
         return "unknown"
 
 
+CODE_PATHS = ("sekv_gguf", "native", "patches", "scripts")  # what a result's code is made of (docs, bench/ are not)
+
+
+def uncommitted_now() -> list[str]:
+    """The code files (``CODE_PATHS``) that differ from HEAD now, changed or new and not ignored, sorted ([] outside a
+    git checkout): a result made with any of them is not its commit's."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *CODE_PATHS],
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return sorted(line[3:] for line in out.splitlines() if len(line) > 3)
+
+
 # read once, when a result writer (evaluation report, training, a benchmark script) imports this module: a run of
 # hours records the code it started with, not a commit made while it ran
 _STARTED_AT = head()
+_UNCOMMITTED_AT_START = uncommitted_now()
 
 
 def commit() -> str:
     """The checkout's HEAD when this process started writing results (this module's import)."""
     return _STARTED_AT
+
+
+def uncommitted() -> list[str]:
+    """``uncommitted_now()`` when this process started writing results: the files in which its code was not
+    ``commit()``'s (empty: it was)."""
+    return list(_UNCOMMITTED_AT_START)
 
 
 def command_line() -> str:
@@ -44,8 +66,10 @@ def command_line() -> str:
 
 
 def envelope(command: str | None = None) -> dict[str, Any]:
-    """``command`` (default: this process's), ``commit`` and ``machine``: where a result came from."""
-    return {"command": command_line() if command is None else command, "commit": commit(), "machine": machine()}
+    """``command`` (default: this process's), ``commit``, ``uncommitted`` and ``machine``: where a result came
+    from."""
+    return {"command": command_line() if command is None else command, "commit": commit(),
+            "uncommitted": uncommitted(), "machine": machine()}
 
 
 def record(path: str | Path, key: str, value: dict[str, Any], command: str | None = None) -> Path:
