@@ -20,13 +20,18 @@ def machine() -> dict[str, Any]:
             "processor": platform.processor()}
 
 
+def _git(*args: str) -> str | None:
+    """The stdout of ``git -C ROOT ARGS`` (None outside a git checkout or without git)."""
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def head() -> str:
     """The checkout's HEAD now ("unknown" outside a git checkout)."""
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    out = _git("rev-parse", "HEAD")
+    return "unknown" if out is None else out.strip()
 
 
 CODE_PATHS = ("sekv_gguf", "native", "patches", "scripts")  # what a result's code is made of (docs, bench/ are not)
@@ -35,11 +40,7 @@ CODE_PATHS = ("sekv_gguf", "native", "patches", "scripts")  # what a result's co
 def uncommitted_now() -> list[str]:
     """The code files (``CODE_PATHS``) that differ from HEAD now, changed or new and not ignored, sorted ([] outside a
     git checkout): a result made with any of them is not its commit's."""
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *CODE_PATHS],
-                             capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return []
+    out = _git("status", "--porcelain", "--", *CODE_PATHS) or ""
     return sorted(line[3:] for line in out.splitlines() if len(line) > 3)
 
 
