@@ -181,7 +181,7 @@ def test_suite_runs_every_policy_and_writes_json_and_plot(llama_model, tmp_path)
     path = write(result, tmp_path, "t", "tiny")
     doc = json.loads(path.read_text())
     assert doc["params"]["tasks"] == ["niah_number", "arithmetic"] and doc["commit"] and doc["machine"]["cpus"]
-    assert doc["uncommitted"] == provenance.uncommitted()
+    assert doc["uncommitted"] == provenance.uncommitted() and doc["command"] == provenance.command_line()
     assert path.with_suffix(".png").stat().st_size > 1000
     assert "| sekv@0.5 |" in table(doc) and "| sekv@0.5 | snapkv@0.5 |" in table(doc)  # the paired rows too
     assert "| sekv@0.5 | snapkv@0.5 | prose |" in table(doc)  # and the paired fidelity rows

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..provenance import commit, machine, uncommitted
+from ..provenance import commit, envelope
 from .summary import summarize
 
 
@@ -60,8 +60,7 @@ def write(result: dict[str, Any], out_dir: Path, name: str, model: str, merge_in
     if merge_into and path.exists():
         result = merge(json.loads(path.read_text()), result)
         result["commits"] = result["commits"] + [commit()]
-    doc = {"name": name, "model": model, "machine": machine(), "commit": commit(), "uncommitted": uncommitted(),
-           **result}
+    doc = {"name": name, "model": model, **envelope(), **result}  # command, commit, uncommitted, machine
     path.write_text(json.dumps(doc, indent=1))
     plot(doc, out_dir / f"eval-{name}.png")
     return path
