@@ -348,6 +348,10 @@ class SekvConfig:
                 "stays the weighted mean, so with \"prefill\" decode steps and turns read the same rows as \"off\"), "
                 "\"value\" the value alone (the bias stays log|S|)",
         choices=("both", "bias", "value"))
+    summary_bias_quantile: float | None = setting(
+        None, "how summary_calibration's bias is taken over the probes' queries and heads: None the mean of their "
+              "gaps logsumexp_t q.k_t - q.k_summary; a number in [0, 1] that quantile of them (low: the mass the heads "
+              "that read the span evenly need, not the mean over heads that read it sharply)")
     chunk_probes: int = setting(16, "how many of a chunk decode's tokens route it (chunk_routing): the queries of "
                                     "that many tokens, evenly spaced and ending at its last (captured in the graph), "
                                     "score every span by its best probe, so spans any part of the chunk reads are "
@@ -419,6 +423,8 @@ class SekvConfig:
         if self.summary_calibration_parts not in ("both", "bias", "value"):
             raise ValueError("summary_calibration_parts must be both, bias or value, got "
                              f"{self.summary_calibration_parts!r}")
+        if self.summary_bias_quantile is not None and not 0 <= self.summary_bias_quantile <= 1:
+            raise ValueError(f"summary_bias_quantile must be in [0, 1] or None, got {self.summary_bias_quantile}")
         if self.host_format not in HOST_FORMATS:
             raise ValueError(f"host_format must be one of {', '.join(HOST_FORMATS)}, got {self.host_format!r}")
         if self.block_tokens < 1:

@@ -171,9 +171,10 @@ def test_sekv_overrides_parse_each_value_as_its_fields_type():
     from sekv_gguf.config import SekvConfig
 
     got = sekv_overrides(["chunk_routing=none", "energy_v=none", "chunk_probes=4", "zoom_lag_refresh=false",
-                          "energy=0.5"])
+                          "energy=0.5", "summary_bias_quantile=0.25"])
     assert got == {"chunk_routing": "none", "energy_v": None, "chunk_probes": 4, "zoom_lag_refresh": False,
-                   "energy": 0.5}
+                   "energy": 0.5, "summary_bias_quantile": 0.25}          # an optional number read as a float
+    assert sekv_overrides(["energy_v=0.9"]) == {"energy_v": 0.9}
     assert SekvConfig(**got).chunk_routing == "none"
     with pytest.raises(ValueError, match="--sekv takes KEY=VALUE"):
         sekv_overrides(["no_such_key=1"])

@@ -139,3 +139,24 @@ def test_the_store_fits_only_the_parts_asked_for(parts):
         np.testing.assert_array_equal(store.summary_bias[0], plain.summary_bias[0])
     with pytest.raises(ValueError, match="summary_calibration_parts"):
         SekvConfig(summary_calibration_parts="keys")
+
+
+def test_a_bias_quantile_takes_that_quantile_of_the_gaps_over_queries_and_heads():
+    rng = np.random.default_rng(3)
+    L, n_kv, group, d, m = 20, 2, 2, 8, 6
+    k, v = rng.normal(size=(L, n_kv, d)).astype(np.float32), rng.normal(size=(L, n_kv, d)).astype(np.float32)
+    k_sum = k.mean(axis=0)                                                   # [Hkv, d]
+    q = (2.0 * rng.normal(size=(m, n_kv * group, d))).astype(np.float32)    # [m, H, d]
+    # each query and head's gap, written out: logsumexp_t q.k_t - q.k_sum over the head's KV head
+    kv_of = np.arange(n_kv * group) // group
+    gaps = np.array([[np.logaddexp.reduce(k[:, kv_of[h]] @ q[i, h]) - k_sum[kv_of[h]] @ q[i, h]
+                      for h in range(n_kv * group)] for i in range(m)])      # [m, H]
+    (mean,), (value,) = calibrated_summaries([k], [v], k_sum[None], q)
+    assert mean == pytest.approx(gaps.mean(), rel=1e-5)
+    for quantile in (0.0, 0.25, 1.0):
+        (bias,), (same_value,) = calibrated_summaries([k], [v], k_sum[None], q, quantile)
+        assert bias == pytest.approx(np.quantile(gaps, quantile), rel=1e-5)
+        np.testing.assert_array_equal(same_value, value)                     # the value does not depend on it
+    assert calibrated_summaries([k], [v], k_sum[None], q, 0.0)[0][0] < mean < gaps.max()
+    with pytest.raises(ValueError, match="summary_bias_quantile"):
+        SekvConfig(summary_bias_quantile=1.5)

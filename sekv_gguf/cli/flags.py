@@ -160,8 +160,10 @@ def sekv_overrides(items: list[str]) -> dict:
             out[key] = None
         elif isinstance(default, bool):
             out[key] = text.lower() in ("1", "true", "yes", "on")
-        elif isinstance(default, (int, float)) or key == "energy_v":
-            out[key] = type(default)(text) if default is not None else float(text)
+        elif isinstance(default, (int, float)):
+            out[key] = type(default)(text)
+        elif default is None and "float" in str(fields[key].type):          # an optional number: float | None
+            out[key] = float(text)
         else:
             out[key] = text
     return out
