@@ -352,6 +352,11 @@ class SekvConfig:
         None, "how summary_calibration's bias is taken over the probes' queries and heads: None the mean of their "
               "gaps logsumexp_t q.k_t - q.k_summary; a number in [0, 1] that quantile of them (low: the mass the heads "
               "that read the span evenly need, not the mean over heads that read it sharply)")
+    summary_bias_share: float = setting(
+        1.0, "share of each batch of new spans that get summary_calibration's fitted bias: those the probes read most "
+             "(each span's best share, over the probes and heads, of the attention the batch's spans get), rounded up; "
+             "the rest keep log|S| (a needle the chunk reads keeps the mass it needs, running text the plain bias); "
+             "1: every span")
     chunk_probes: int = setting(16, "how many of a chunk decode's tokens route it (chunk_routing): the queries of "
                                     "that many tokens, evenly spaced and ending at its last (captured in the graph), "
                                     "score every span by its best probe, so spans any part of the chunk reads are "
@@ -425,6 +430,8 @@ class SekvConfig:
                              f"{self.summary_calibration_parts!r}")
         if self.summary_bias_quantile is not None and not 0 <= self.summary_bias_quantile <= 1:
             raise ValueError(f"summary_bias_quantile must be in [0, 1] or None, got {self.summary_bias_quantile}")
+        if not 0 < self.summary_bias_share <= 1:
+            raise ValueError(f"summary_bias_share must be in (0, 1], got {self.summary_bias_share}")
         if self.host_format not in HOST_FORMATS:
             raise ValueError(f"host_format must be one of {', '.join(HOST_FORMATS)}, got {self.host_format!r}")
         if self.block_tokens < 1:

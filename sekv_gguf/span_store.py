@@ -162,7 +162,8 @@ class SpanStore:
             q = queries(ikv) if queries is not None else None                        # [m, H, d]
             if q is not None and q.shape[0]:
                 fit_bias, fit_value = calibrated_summaries(k_parts, v_parts, k_mean, q,
-                                                               self.config.summary_bias_quantile)
+                                                           self.config.summary_bias_quantile,
+                                                           self.config.summary_bias_share)
                 parts = self.config.summary_calibration_parts
                 bias = fit_bias if parts != "value" else bias
                 v_mean = fit_value if parts != "bias" else v_mean

@@ -160,3 +160,23 @@ def test_a_bias_quantile_takes_that_quantile_of_the_gaps_over_queries_and_heads(
     assert calibrated_summaries([k], [v], k_sum[None], q, 0.0)[0][0] < mean < gaps.max()
     with pytest.raises(ValueError, match="summary_bias_quantile"):
         SekvConfig(summary_bias_quantile=1.5)
+
+
+def test_a_bias_share_fits_only_the_spans_the_queries_read_most():
+    rng = np.random.default_rng(5)
+    n_kv, group, d, m = 1, 2, 8, 4
+    lengths = (12, 9, 15, 7)
+    k = [rng.normal(size=(n, n_kv, d)).astype(np.float32) for n in lengths]
+    v = [rng.normal(size=(n, n_kv, d)).astype(np.float32) for n in lengths]
+    q = (0.3 * rng.normal(size=(m, n_kv * group, d))).astype(np.float32)    # [m, H, d] weak everywhere
+    q[0, 1] = 8.0 * k[2][4, 0]                                               # one probe head reads span 2's 5th token
+    k_sum = np.stack([x.mean(axis=0) for x in k])                            # [n, Hkv, d]
+    all_bias, value = calibrated_summaries(k, v, k_sum, q)
+    for share, fitted in ((0.25, {2}), (0.2, {2}), (1.0, {0, 1, 2, 3})):
+        bias, same_value = calibrated_summaries(k, v, k_sum, q, share=share)
+        for i, n in enumerate(lengths):                                      # fitted where kept, log|S| elsewhere
+            assert bias[i] == pytest.approx(all_bias[i] if i in fitted else np.log(n), rel=1e-6)
+        np.testing.assert_array_equal(same_value, value)
+    assert all_bias[2] > np.log(lengths[2]) + 1                              # the sharply read span's bias is its own
+    with pytest.raises(ValueError, match="summary_bias_share"):
+        SekvConfig(summary_bias_share=0.0)
