@@ -365,7 +365,7 @@ def calibrated_summaries(k: list[np.ndarray], v: list[np.ndarray], k_sum: np.nda
     bias = gap.mean(axis=1) if quantile is None else np.quantile(gap, quantile, axis=1)
     if share < 1:
         best = (lse - logsumexp(lse, axis=0)).reshape(n, -1).max(axis=1)      # [n] log of the best share of mass
-        keep = np.argsort(-best, kind="stable")[:int(np.ceil(share * n))]
-        plain = np.log([x.shape[0] for x in k])                                # [n] log|S|
-        bias = np.where(np.isin(np.arange(n), keep), bias, plain)
+        keep = np.argsort(-best, kind="stable")[:int(np.ceil(share * n))]     # the spans read most
+        fitted, bias = bias, np.log([x.shape[0] for x in k])                   # [n] log|S| on the rest
+        bias[keep] = fitted[keep]
     return bias.astype(np.float32), value.astype(np.float32)
