@@ -13,7 +13,7 @@ from typing import Any, Callable, TypeVar
 
 import llama_cpp.llama_cpp as _llama
 
-SEKV_API_VERSION = 4
+SEKV_API_VERSION = 5
 SEKV_MAX_PROBES = 256
 
 # enum sekv_status
@@ -201,6 +201,26 @@ def sekv_bias_set_cells(ctx: int, ikv: int, cells: Any, values: Any, n: int, /) 
 # LLAMA_API int32_t sekv_bias_get_layer(struct llama_context * ctx, int32_t ikv, float * out, int32_t n);
 @ctypes_function("sekv_bias_get_layer", [llama_context_p, ctypes.c_int32, float_p, ctypes.c_int32], ctypes.c_int32)
 def sekv_bias_get_layer(ctx: int, ikv: int, out: Any, n: int, /) -> int: ...
+
+
+# LLAMA_API int32_t sekv_head_bias_enable(struct llama_context * ctx, int32_t on);
+@ctypes_function("sekv_head_bias_enable", [llama_context_p, ctypes.c_int32], ctypes.c_int32)
+def sekv_head_bias_enable(ctx: int, on: int, /) -> int: ...
+
+
+# LLAMA_API int32_t sekv_head_bias_set_cells(struct llama_context * ctx, int32_t ikv,
+#                                            const int32_t * cells, const float * values, int32_t n);
+@ctypes_function(
+    "sekv_head_bias_set_cells", [llama_context_p, ctypes.c_int32, int32_p, float_p, ctypes.c_int32], ctypes.c_int32
+)
+def sekv_head_bias_set_cells(ctx: int, ikv: int, cells: Any, values: Any, n: int, /) -> int: ...
+
+
+# LLAMA_API int32_t sekv_head_bias_get_layer(struct llama_context * ctx, int32_t ikv, float * out, int32_t n);
+@ctypes_function(
+    "sekv_head_bias_get_layer", [llama_context_p, ctypes.c_int32, float_p, ctypes.c_int32], ctypes.c_int32
+)
+def sekv_head_bias_get_layer(ctx: int, ikv: int, out: Any, n: int, /) -> int: ...
 
 
 # LLAMA_API int32_t sekv_qcap_enable(struct llama_context * ctx, int32_t on);

@@ -275,6 +275,30 @@ class KVHook:
         check("sekv_bias_get_layer", api.sekv_bias_get_layer(self.ctx, ikv, _ptr(out, ctypes.c_float), out.size))
         return out
 
+    # -- per-head bias -----------------------------------------------------------------------------------------
+
+    def enable_head_bias(self, on: bool = True) -> None:
+        """Switch the per-head cell bias on (all zeros) or off: added on top of the per-layer bias, one value per
+        query head, so each hooked layer's KQ mask becomes one per head. Claiming or releasing a cell zeroes its
+        per-head bias. Toggling rebuilds the graph on the next decode."""
+        check("sekv_head_bias_enable", api.sekv_head_bias_enable(self.ctx, int(on)))
+
+    def set_head_bias_cells(self, ikv: int, cells: Any, values: Any) -> None:
+        """Per-head bias of some cells of layer ``ikv`` (-1: every layer): ``values`` finite [n, n_head]."""
+        c = _i32(cells, "cells")
+        n_head = self._layer(max(ikv, 0), "sekv_head_bias_set_cells").n_head
+        v = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float32), (c.size, n_head)))
+        check("sekv_head_bias_set_cells",
+              api.sekv_head_bias_set_cells(self.ctx, ikv, _ptr(c), _ptr(v, ctypes.c_float), c.size))
+
+    def get_head_bias(self, ikv: int) -> np.ndarray:
+        """float32 [n_head, kv_size]: the per-head bias of layer ``ikv``."""
+        layer = self._layer(ikv, "sekv_head_bias_get_layer")
+        out = np.empty((layer.n_head, self.info.kv_size), dtype=np.float32)
+        check("sekv_head_bias_get_layer",
+              api.sekv_head_bias_get_layer(self.ctx, ikv, _ptr(out, ctypes.c_float), out.size))
+        return out
+
     # -- query capture -----------------------------------------------------------------------------------------
 
     def enable_query_capture(self, on: bool = True) -> None:

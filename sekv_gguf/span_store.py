@@ -56,6 +56,18 @@ def _index_codes(blocks: np.ndarray, q8: bool) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(codes, -INDEX_Q8_MAX, INDEX_Q8_MAX).astype(np.int8), scale
 
 
+def _append_rows(old: np.ndarray, new: np.ndarray | None, n_new: int) -> np.ndarray:
+    """f32 [S, H] ``old`` with ``n_new`` rows more: ``new`` [n_new, H], or zeros where None; an ``old`` of no
+    columns ([S, 0]: nothing fitted per head yet) takes ``new``'s width as zeros."""
+    if new is None:
+        return np.concatenate([old, np.zeros((n_new, old.shape[1]), dtype=np.float32)])
+    if old.shape[1] != new.shape[1]:
+        if old.shape[1]:
+            raise ValueError(f"per-head offsets of {new.shape[1]} heads after {old.shape[1]}")
+        old = np.zeros((old.shape[0], new.shape[1]), dtype=np.float32)
+    return np.concatenate([old, new.astype(np.float32)])
+
+
 def _table_append(table: native.SpanTable, length: int, k: Factors) -> None:
     """A span's host K rows (factors, f16, int8 or 4-bit rows) onto a layer's pointer table."""
     table.append(length, k.raw, k.us, k.vt, k.q8, k.scale, k.q4)
@@ -85,6 +97,8 @@ class SpanStore:
     lengths        f32 [S]           tokens per span
     summary_bias[ikv] f32 [S]        the bias of each span's summary row in layer ``ikv`` (log|S|, or fitted to
                                      queries: ``summary_calibration``)
+    head_offset[ikv] f32 [S, H]      each query head's fitted bias less ``summary_bias`` (``summary_bias_heads``;
+                                     [S, 0] until a batch is fitted per head, 0 for spans fitted otherwise)
 
     The stacked routing data is f16 (the precision of the device's K rows; routers widen it to f32 per call): it
     grows with the context like the spans' rows, and in f32 it was a third of a 4-bit host tier.
@@ -117,6 +131,7 @@ class SpanStore:
         self.block_logn = np.zeros((0, self.n_blocks), dtype=np.float32)
         self.sketch: list[dict[str, np.ndarray]] = [{} for _ in range(n_layer)]
         self.summary_bias = [np.zeros(0, dtype=np.float32) for _ in range(n_layer)]
+        self.head_offset = [np.zeros((0, 0), dtype=np.float32) for _ in range(n_layer)]
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -159,15 +174,19 @@ class SpanStore:
             k_mean = np.stack([weighted_mean(p, w) for p, w in zip(k_parts, weights)])  # [n_new, Hkv, d]
             v_mean = np.stack([weighted_mean(p, w) for p, w in zip(v_parts, weights)])
             bias = np.log([p.size for p in positions]).astype(np.float32)           # [n_new] log|S|
+            offset = None                                                            # [n_new, H] per head
             q = queries(ikv) if queries is not None else None                        # [m, H, d]
             if q is not None and q.shape[0]:
-                fit_bias, fit_value = calibrated_summaries(k_parts, v_parts, k_mean, q,
-                                                           self.config.summary_bias_quantile,
-                                                           self.config.summary_bias_share)
-                parts = self.config.summary_calibration_parts
+                cfg = self.config
+                fit_bias, fit_value = calibrated_summaries(k_parts, v_parts, k_mean, q, cfg.summary_bias_quantile,
+                                                           cfg.summary_bias_share, per_head=cfg.summary_bias_heads)
+                if cfg.summary_bias_heads:                                           # [n_new, H]: mean + offsets
+                    fit_bias, offset = fit_bias.mean(axis=1), fit_bias - fit_bias.mean(axis=1, keepdims=True)
+                parts = cfg.summary_calibration_parts
                 bias = fit_bias if parts != "value" else bias
                 v_mean = fit_value if parts != "bias" else v_mean
             self.summary_bias[ikv] = np.concatenate([self.summary_bias[ikv], bias])
+            self.head_offset[ikv] = _append_rows(self.head_offset[ikv], offset, n_new)
             if "keys" in self.fields:
                 self.keys[ikv] = np.concatenate([self.keys[ikv], k_mean.astype(np.float16)])
             if "bounds" in self.fields:
@@ -241,6 +260,7 @@ class SpanStore:
         self.lengths = self.lengths[:k]
         self.block_logn = self.block_logn[:k]
         self.summary_bias = [b[:k] for b in self.summary_bias]
+        self.head_offset = [o[:k] for o in self.head_offset]
         for ikv in range(self.n_layer):
             self.keys[ikv], self.kmin[ikv], self.kmax[ikv] = self.keys[ikv][:k], self.kmin[ikv][:k], self.kmax[ikv][:k]
             self.blocks[ikv], self.block_scale[ikv] = self.blocks[ikv][:, :k], self.block_scale[ikv][:, :k]
@@ -252,7 +272,7 @@ class SpanStore:
         """What a snapshot of the store may share with it: the spans (immutable once placed), their host arrays
         and the stacked per-layer arrays (replaced, never written in place)."""
         out: list[object] = [*self.spans, self.lengths, self.block_logn, *self.keys, *self.kmin, *self.kmax,
-                             *self.blocks, *self.block_scale, *self.summary_bias]
+                             *self.blocks, *self.block_scale, *self.summary_bias, *self.head_offset]
         for s in self.spans:
             out += [s.positions, *s.k, *s.v]
             out += [a for f in s.k + s.v for a in (f.us, f.vt, f.raw, f.q8, f.scale, f.q4, f.blocks) if a is not None]
@@ -273,6 +293,7 @@ class SpanStore:
         return {"spans": [{"id": sp.id, "positions": sp.positions, "summary_cell": sp.summary_cell,
                            "k": [factors(f) for f in sp.k], "v": [factors(f) for f in sp.v]} for sp in self.spans],
                 "lengths": self.lengths, "block_logn": self.block_logn, "summary_bias": list(self.summary_bias),
+                "head_offset": list(self.head_offset),
                 **{name: list(getattr(self, name)) for name in self._STACKED}}
 
     def load_plain(self, data: dict[str, Any]) -> None:
@@ -288,6 +309,13 @@ class SpanStore:
                              else [np.log(self.lengths) for _ in range(self.n_layer)])
         if len(self.summary_bias) != self.n_layer or any(b.shape != self.lengths.shape for b in self.summary_bias):
             raise ValueError(f"a saved span store's summary biases must be {self.n_layer} layers of "
+                             f"{self.lengths.size} spans")
+        offset = data.get("head_offset")  # absent from files written before it: no per-head bias
+        self.head_offset = ([np.asarray(o, dtype=np.float32) for o in offset] if offset is not None
+                            else [np.zeros((self.lengths.size, 0), dtype=np.float32) for _ in range(self.n_layer)])
+        if len(self.head_offset) != self.n_layer or any(o.ndim != 2 or o.shape[0] != self.lengths.size
+                                                        for o in self.head_offset):
+            raise ValueError(f"a saved span store's per-head bias offsets must be {self.n_layer} layers of "
                              f"{self.lengths.size} spans")
         rebuild = any(data.get(name) is None for name in INDEX_FIELDS)  # left out: computed from the host K rows
         if not rebuild:

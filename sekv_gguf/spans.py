@@ -336,7 +336,7 @@ def weighted_mean(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 def calibrated_summaries(k: list[np.ndarray], v: list[np.ndarray], k_sum: np.ndarray,
                          q: np.ndarray, quantile: float | None = None,
-                         share: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                         share: float = 1.0, per_head: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Summary rows fitted to queries (``SekvConfig.summary_calibration``): for spans of keys ``k[i]`` and values
     ``v[i]`` f32 [L_i, Hkv, d], their summary keys ``k_sum`` [n, Hkv, d] and queries ``q`` f32 [m, H, d] (times
     kq_scale, H a multiple of Hkv), the bias each row needs, f32 [n]: the mean over queries and heads of
@@ -344,8 +344,8 @@ def calibrated_summaries(k: list[np.ndarray], v: list[np.ndarray], k_sum: np.nda
     the attention-weighted value ``sum_t softmax_t(q.k_t) v_t`` averaged over the queries and each KV head's query
     heads. ``quantile``: the bias that quantile of the gaps over queries and heads instead of their mean. ``share``:
     the fitted bias only on the ceil(share * n) spans the queries read most (each span's best share, over queries and
-    heads, of the attention the n spans get together), ``log L`` on the rest. All spans in one pass, padded to the
-    longest."""
+    heads, of the attention the n spans get together), ``log L`` on the rest. ``per_head``: the bias f32 [n, H], each
+    query head's mean (or quantile) over the queries alone. All spans in one pass, padded to the longest."""
     n, n_kv, d = len(k), k_sum.shape[1], k_sum.shape[2]
     m, group = q.shape[0], q.shape[1] // n_kv
     longest = max(x.shape[0] for x in k)
@@ -361,11 +361,14 @@ def calibrated_summaries(k: list[np.ndarray], v: list[np.ndarray], k_sum: np.nda
     s_sum = np.einsum("mkgd,nkd->nmkg", q4, k_sum, optimize=True)             # [n, m, Hkv, g] the summary key's
     p = np.exp(s - lse[..., None])                                             # softmax within each span
     value = np.einsum("nmkgl,nlkd->nkd", p, v_pad, optimize=True) / (m * group)  # [n, Hkv, d]
-    gap = (lse - s_sum).reshape(n, -1)                                         # [n, m*Hkv*g]
-    bias = gap.mean(axis=1) if quantile is None else np.quantile(gap, quantile, axis=1)
+    gap = (lse - s_sum).reshape(n, m, -1)                                      # [n, m, H] (head h = kv*g + j)
+    pool = gap if per_head else gap.reshape(n, -1, 1)                          # [n, m, H] or [n, m*H, 1]
+    bias = pool.mean(axis=1) if quantile is None else np.quantile(pool, quantile, axis=1)  # [n, H] or [n, 1]
     if share < 1:
         best = (lse - logsumexp(lse, axis=0)).reshape(n, -1).max(axis=1)      # [n] log of the best share of mass
         keep = np.argsort(-best, kind="stable")[:int(np.ceil(share * n))]     # the spans read most
-        fitted, bias = bias, np.log([x.shape[0] for x in k])                   # [n] log|S| on the rest
+        fitted = bias
+        bias = np.repeat(np.log([x.shape[0] for x in k])[:, None], bias.shape[1], axis=1)  # log|S| on the rest
         bias[keep] = fitted[keep]
+    bias = bias if per_head else bias[:, 0]
     return bias.astype(np.float32), value.astype(np.float32)

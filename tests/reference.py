@@ -40,7 +40,7 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool) -> np.ndarray
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, allowed: np.ndarray,
             bias: np.ndarray | None) -> np.ndarray:
-    # q: [n, H, d], k/v: [n, Hkv, d], allowed: [n, n] bool, bias: [n, n] or None -> [n, H*d]
+    # q: [n, H, d], k/v: [n, Hkv, d], allowed: [n, n] bool, bias: [n, n] or per head [H, n, n] or None -> [n, H*d]
     n, n_head, d = q.shape
     group = n_head // k.shape[1]
     out = np.empty((n, n_head, d))
@@ -48,7 +48,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, allowed: 
         s = (q[:, h, :] @ k[:, h // group, :].T) * scale  # [n, n]
         s = np.where(allowed, s, -np.inf)
         if bias is not None:
-            s = s + bias
+            s = s + (bias[h] if bias.ndim == 3 else bias)
         p = np.exp(s - s.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         out[:, h, :] = p @ v[:, h // group, :]
@@ -63,7 +63,8 @@ def forward(weights: dict[str, np.ndarray], spec: TinySpec, tokens: list[int], g
             last_row_bias: dict[int, np.ndarray] | None = None) -> tuple[list[LayerTrace], np.ndarray]:
     """Per-layer traces and the logits [n_tok, n_vocab] of ``tokens`` at positions 0..n-1.
 
-    ``last_row_bias[il]`` [n_tok] is added to layer il's attention scores of the last token (after scaling).
+    ``last_row_bias[il]`` [n_tok] (or per query head [n_head, n_tok]) is added to layer il's attention scores of the
+    last token (after scaling).
     """
     w = {name: a.astype(np.float64) for name, a in weights.items()}
     n = len(tokens)
@@ -96,8 +97,9 @@ def forward(weights: dict[str, np.ndarray], spec: TinySpec, tokens: list[int], g
         traces.append(LayerTrace(q=q, k=k, v=v, kq_scale=scale))
         bias = None
         if last_row_bias is not None and il in last_row_bias:
-            bias = np.zeros((n, n))
-            bias[-1] = last_row_bias[il]
+            row = np.asarray(last_row_bias[il])
+            bias = np.zeros(row.shape[:-1] + (n, n))                      # [n, n] or [H, n, n]
+            bias[..., -1, :] = row
         a = _attend(q, k, v, scale, allowed, bias) @ w[b + "attn_output.weight"].T
         if gemma:
             a = _rms(a, w[b + "post_attention_norm.weight"], eps)

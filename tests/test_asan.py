@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ["tests/test_hook_property.py", "tests/test_hook_errors.py", "tests/test_hook_rows.py",
-         "tests/test_hook_layer_callback.py"]
+         "tests/test_hook_layer_callback.py", "tests/test_hook_bias.py"]
 
 
 def _runtime(cc: str, name: str) -> str:

@@ -88,3 +88,86 @@ def test_per_layer_bias_matches_reference(open_session, tiny_llama, tiny_gemma, 
     _, all_layers = forward(weights, spec, toks, gemma,
                             last_row_bias={il: ref_bias[max(ref_bias)] for il in ref_bias})
     assert np.abs(all_layers[-1] - want[-1]).max() > 20 * err
+
+
+@pytest.mark.parametrize("model", ["llama", "gemma"])
+@PATHS
+def test_per_head_bias_matches_reference(open_session, tiny_llama, tiny_gemma, model, flash_attn):
+    """A per-head bias adds to each query head's scores on top of the per-layer bias (-inf holes stay masked)."""
+    gemma = model == "gemma"
+    spec = GEMMA_SPEC if gemma else LLAMA_SPEC
+    s, toks = _prefilled(open_session, tiny_gemma if gemma else tiny_llama, prose(120, offset=3000),
+                         flash_attn=flash_attn)
+    n = len(toks)
+    cells = seq_cells(s)
+    rng = np.random.default_rng(2)
+    s.hook.enable_bias()
+    s.hook.enable_head_bias()
+    ref_bias: dict[int, np.ndarray] = {}
+    for layer in s.hook.layers:
+        b = np.round(rng.uniform(-2, 2, n - 1) * 4) / 4                     # [n-1] per layer, exact in f16
+        b[rng.choice(n - 1, size=15, replace=False)] = -np.inf
+        hb = np.round(rng.uniform(-2, 2, (n - 1, layer.n_head)) * 4) / 4    # [n-1, H] per head
+        s.hook.set_bias_cells(layer.ikv, cells, b)
+        s.hook.set_head_bias_cells(layer.ikv, cells, hb)
+        np.testing.assert_array_equal(s.hook.get_head_bias(layer.ikv)[:, cells], hb.T.astype(np.float32))
+        ref_bias[layer.il] = np.append(b[None, :] + hb.T, np.zeros((layer.n_head, 1)), axis=1)  # [H, n]
+    got = s.decode(toks[-1:])
+
+    weights = tiny_weights(spec, gemma)
+    _, want = forward(weights, spec, toks, gemma, last_row_bias=ref_bias)
+    scale = np.abs(want[-1]).max()
+    err = np.abs(got - want[-1]).max()
+    assert err < 2e-3 * scale, err
+    # the mean over heads on every head is not what was asked for
+    _, shared = forward(weights, spec, toks, gemma,
+                        last_row_bias={il: np.broadcast_to(r.mean(axis=0), r.shape) for il, r in ref_bias.items()})
+    assert np.abs(shared[-1] - want[-1]).max() > 20 * err
+
+
+def test_per_head_bias_equal_heads_is_the_layer_bias(open_session, tiny_llama):
+    """The same value on every head is the per-layer bias, bit for bit; switching the per-head bias off drops it."""
+    text = prose(150, offset=700)
+    a, toks = _prefilled(open_session, tiny_llama, text)
+    cells = seq_cells(a)[5:80]
+    values = np.round(np.random.default_rng(3).uniform(-3, 3, cells.size) * 4) / 4
+    a.hook.enable_bias()
+    a.hook.set_bias_cells(-1, cells, values)
+    want = a.decode(toks[-1:])
+    b, _ = _prefilled(open_session, tiny_llama, text)
+    b.hook.enable_bias()
+    b.hook.enable_head_bias()
+    b.hook.set_head_bias_cells(-1, cells, np.repeat(values[:, None], b.hook.layers[0].n_head, axis=1))
+    np.testing.assert_array_equal(b.decode(toks[-1:]), want)
+    c, _ = _prefilled(open_session, tiny_llama, text)
+    c.hook.enable_head_bias()
+    c.hook.set_head_bias_cells(-1, cells, 1.5)
+    c.hook.enable_head_bias(False)
+    np.testing.assert_array_equal(c.decode(toks[-1:]), full_kv_logits(open_session, tiny_llama, text, **CFG))
+
+
+def test_claim_and_release_zero_the_per_head_bias(open_session, tiny_llama):
+    s, _ = _prefilled(open_session, tiny_llama, prose(100, offset=900))
+    cells = seq_cells(s)
+    s.hook.enable_head_bias()
+    s.hook.set_head_bias_cells(-1, cells[:40], 2.0)
+    s.hook.release(cells[10:20])
+    hb = s.hook.get_head_bias(0)
+    assert not hb[:, cells[10:20]].any() and (hb[:, cells[:10]] == 2.0).all() and (hb[:, cells[20:40]] == 2.0).all()
+    s.hook.claim(cells[10:20], list(range(10, 20)))
+    assert not s.hook.get_head_bias(0)[:, cells[10:20]].any()
+
+
+def test_per_head_bias_errors(open_session, tiny_llama):
+    from sekv_gguf.errors import HookError
+    s, _ = _prefilled(open_session, tiny_llama, prose(60))
+    cells = seq_cells(s)[:4]
+    with pytest.raises(HookError, match="per-head bias is off"):
+        s.hook.set_head_bias_cells(0, cells, 1.0)
+    s.hook.enable_head_bias()
+    with pytest.raises(HookError, match="must be finite"):
+        s.hook.set_head_bias_cells(0, cells, -np.inf)
+    with pytest.raises(HookError, match="out of range"):
+        s.hook.set_head_bias_cells(0, [s.hook.info.kv_size], 1.0)
+    with pytest.raises(HookError, match="layer"):
+        s.hook.get_head_bias(len(s.hook.layers))

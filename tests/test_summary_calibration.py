@@ -180,3 +180,63 @@ def test_a_bias_share_fits_only_the_spans_the_queries_read_most():
     assert all_bias[2] > np.log(lengths[2]) + 1                              # the sharply read span's bias is its own
     with pytest.raises(ValueError, match="summary_bias_share"):
         SekvConfig(summary_bias_share=0.0)
+
+
+def test_a_bias_per_head_is_each_heads_mean_gap_and_their_mean_the_shared_bias():
+    rng = np.random.default_rng(6)
+    L, n_kv, group, d, m = 14, 2, 3, 8, 5
+    k, v = rng.normal(size=(L, n_kv, d)).astype(np.float32), rng.normal(size=(L, n_kv, d)).astype(np.float32)
+    k_sum = k.mean(axis=0)                                                   # [Hkv, d]
+    q = (2.0 * rng.normal(size=(m, n_kv * group, d))).astype(np.float32)    # [m, H, d]
+    q[:, 4] *= 4.0                                                           # one head reads the span sharply
+    kv_of = np.arange(n_kv * group) // group
+    gaps = np.array([[np.logaddexp.reduce(k[:, kv_of[h]] @ q[i, h]) - k_sum[kv_of[h]] @ q[i, h]
+                      for h in range(n_kv * group)] for i in range(m)])      # [m, H]
+    (shared,), (value,) = calibrated_summaries([k], [v], k_sum[None], q)
+    (per_head,), (same_value,) = calibrated_summaries([k], [v], k_sum[None], q, per_head=True)
+    np.testing.assert_allclose(per_head, gaps.mean(axis=0), rtol=1e-5)       # [H]
+    assert per_head.mean() == pytest.approx(shared, rel=1e-5)
+    assert per_head[4] > per_head.mean() + 1                                  # the sharp head's own, not the mean
+    np.testing.assert_array_equal(same_value, value)
+    (q25,), _ = calibrated_summaries([k], [v], k_sum[None], q, 0.25, per_head=True)
+    np.testing.assert_allclose(q25, np.quantile(gaps, 0.25, axis=0), rtol=1e-5)
+    # with a share, the spans not kept get log|S| on every head
+    k2, v2 = 0.01 * k, v                                                     # a span every head reads evenly
+    both, _ = calibrated_summaries([k, k2], [v, v2], np.stack([k_sum, k2.mean(axis=0)]), q, share=0.5, per_head=True)
+    np.testing.assert_allclose(both[0], per_head, rtol=1e-5)
+    np.testing.assert_allclose(both[1], np.log(L))
+
+
+def test_a_policy_gives_summary_cells_their_per_head_bias_while_the_prompt_streams(llama_model):
+    toks = llama_model.tokenize(prose(9000, offset=1500).encode(), add_bos=True, special=False)[:1400]
+    cfg = dict(summary_calibration="prefill", route_every=2)
+    heads, shared = (make_policy("sekv", llama_model, len(toks) + 16, budget=BudgetConfig(kv_budget=512, chunk=128),
+                                 params=SekvConfig(summary_bias_heads=h, **cfg)) for h in (True, False))
+    try:
+        seen: list[float] = []
+
+        def check_during_prompt(*_):  # after each chunk: offsets on the device, the mean in the layer bias
+            mem, hook = heads.memory, heads.session.hook
+            if not len(mem.store):
+                return
+            cells = np.array([s.summary_cell for s in mem.store.spans])
+            for ikv in range(mem.store.n_layer):
+                offset = mem.store.head_offset[ikv]                            # [S, H]
+                np.testing.assert_allclose(offset.sum(axis=1), 0, atol=1e-4)   # offsets around the shared bias
+                np.testing.assert_array_equal(hook.get_head_bias(ikv)[:, cells].T, offset)
+                seen.append(float(np.abs(offset).max()))
+
+        heads._chunk_done = (lambda orig: lambda n: (orig(n), check_during_prompt()))(heads._chunk_done)
+        got = heads.prefill(toks)
+        assert seen and max(seen) > 0.1                                      # the heads differ
+        assert np.abs(got - shared.prefill(toks)).max() > 1e-3              # and that changes the computation
+        mem, hook = heads.memory, heads.session.hook
+        for ikv in range(mem.store.n_layer):                                 # after the prompt: no per-head bias
+            assert not hook.get_head_bias(ikv).any()
+    finally:
+        for p in (heads, shared):
+            p.close()
+    with pytest.raises(ValueError, match="summary_bias_heads"):
+        SekvConfig(summary_bias_heads=True)
+    with pytest.raises(ValueError, match="summary_bias_heads"):
+        SekvConfig(summary_bias_heads=True, summary_calibration="prefill", summary_calibration_parts="value")

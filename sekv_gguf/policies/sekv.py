@@ -98,6 +98,8 @@ class SekvPolicy(Policy):
             hook.set_query_probes(probes_that_fit(config.chunk_probes, layer.n_head, layer.n_head_kv, layer.head_dim_k))
         if not plan.fits:
             hook.enable_bias()
+            if config.summary_bias_heads and summary_rows:
+                hook.enable_head_bias()
         self.routing = SpanRouting(router, config)
         store = SpanStore(hook.info.n_layer_kv, layer.n_head_kv, layer.head_dim_k, config, router.sketch,
                           router.reads, kv_types=(hook.info.type_k, hook.info.type_v))

@@ -239,12 +239,23 @@ class SekvMemory:
                 hook.set_values(ikv, free, k_sum, v_sum)  # quantized on the way into a quantized cache
             if not self.fitted_bias:
                 hook.set_bias_cells(-1, free, np.log(self.store.lengths[first:]))
-            else:  # fitted per layer
+            else:  # fitted per layer (and per head: summary_bias_heads)
                 for ikv, bias in enumerate(self.store.summary_bias):
                     hook.set_bias_cells(ikv, free, bias[first:])
+                self._set_head_offsets(np.arange(first, first + free.size), free)
             self.store.place_summaries(first, free)
         if self.zoom.slots.size == 0 and self.plan.n_zoom > 0:
             self.zoom.claim(self.free_cells(self.plan.n_zoom))
+
+    def _set_head_offsets(self, sids: np.ndarray, cells: np.ndarray, on: bool = True) -> None:
+        """Give the summary cells ``cells`` of spans ``sids`` their per-head offsets (``on``) or zeros, in every
+        layer (``summary_bias_heads``; the hook zeroed them when the cells were claimed)."""
+        if not self.config.summary_bias_heads:
+            return
+        for ikv, offset in enumerate(self.store.head_offset):
+            if offset.shape[1]:
+                rows = offset[sids]                                                    # [n, H]
+                self.hook.set_head_bias_cells(ikv, cells, rows if on else np.zeros_like(rows))
 
     def summary_bias(self, ikv: int) -> np.ndarray | None:
         """f32 [n_spans]: the bias layer ``ikv``'s summary rows take where they are not zoomed, as the device holds
@@ -266,6 +277,8 @@ class SekvMemory:
             out &= cells >= 0
             bias = self.store.summary_bias[ikv] if on else log_len
             self.hook.set_bias_cells(ikv, cells[out], bias[out])
+        placed = np.flatnonzero(cells >= 0)  # (a zoomed summary keeps its offsets: its -inf masks every head)
+        self._set_head_offsets(placed, cells[placed], on)
 
     def free_cells(self, n: int) -> np.ndarray:
         free = np.flatnonzero(self.hook.cells_pos()[: self.plan.cells] == -1).astype(np.int32)
