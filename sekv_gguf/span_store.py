@@ -293,7 +293,7 @@ class SpanStore:
         return {"spans": [{"id": sp.id, "positions": sp.positions, "summary_cell": sp.summary_cell,
                            "k": [factors(f) for f in sp.k], "v": [factors(f) for f in sp.v]} for sp in self.spans],
                 "lengths": self.lengths, "block_logn": self.block_logn, "summary_bias": list(self.summary_bias),
-                "head_offset": list(self.head_offset),
+                **({"head_offset": list(self.head_offset)} if any(o.size for o in self.head_offset) else {}),
                 **{name: list(getattr(self, name)) for name in self._STACKED}}
 
     def load_plain(self, data: dict[str, Any]) -> None:
@@ -310,7 +310,7 @@ class SpanStore:
         if len(self.summary_bias) != self.n_layer or any(b.shape != self.lengths.shape for b in self.summary_bias):
             raise ValueError(f"a saved span store's summary biases must be {self.n_layer} layers of "
                              f"{self.lengths.size} spans")
-        offset = data.get("head_offset")  # absent from files written before it: no per-head bias
+        offset = data.get("head_offset")  # absent where none was fitted (and from files written before it)
         self.head_offset = ([np.asarray(o, dtype=np.float32) for o in offset] if offset is not None
                             else [np.zeros((self.lengths.size, 0), dtype=np.float32) for _ in range(self.n_layer)])
         if len(self.head_offset) != self.n_layer or any(o.ndim != 2 or o.shape[0] != self.lengths.size

@@ -240,3 +240,34 @@ def test_a_policy_gives_summary_cells_their_per_head_bias_while_the_prompt_strea
         SekvConfig(summary_bias_heads=True)
     with pytest.raises(ValueError, match="summary_bias_heads"):
         SekvConfig(summary_bias_heads=True, summary_calibration="prefill", summary_calibration_parts="value")
+
+
+def test_the_store_keeps_per_head_offsets_around_the_shared_bias_and_saves_them():
+    rng = np.random.default_rng(7)
+    n_kv, d, lengths = 2, 16, (12, 16, 10)
+    cfg = SekvConfig(span_min=8, span_max=16, block_tokens=4, summary_calibration="prefill", summary_bias_heads=True)
+    store, shared = SpanStore(2, n_kv, d, cfg), SpanStore(2, n_kv, d, SekvConfig(
+        span_min=8, span_max=16, block_tokens=4, summary_calibration="prefill"))
+    k = rng.normal(size=(sum(lengths), n_kv, d)).astype(np.float16)            # [sum L_i, Hkv, d]
+    v = rng.normal(size=(sum(lengths), n_kv, d)).astype(np.float16)
+    q = (2.0 * rng.normal(size=(3, 2 * n_kv, d))).astype(np.float32)        # [m, H, d]
+    cut = np.cumsum((0,) + lengths)
+    positions = [np.arange(cut[i], cut[i + 1]) for i in range(len(lengths))]
+    weights = [np.ones(n) for n in lengths]
+    store.add(positions[:1], weights[:1], lambda ikv: (k[:12], v[:12]))       # no queries yet: no offsets
+    assert all(o.shape == (1, 0) for o in store.head_offset)
+    assert "head_offset" not in store.to_plain()                              # nothing per head to save
+    store.add(positions[1:], weights[1:], lambda ikv: (k[12:], v[12:]), lambda ikv: q)
+    shared.add(positions[1:], weights[1:], lambda ikv: (k[12:], v[12:]), lambda ikv: q)
+    for ikv in range(2):
+        offset = store.head_offset[ikv]                                       # [3, H]
+        assert offset.shape == (3, 2 * n_kv) and not offset[0].any()          # the first span: zeros
+        np.testing.assert_allclose(offset[1:].sum(axis=1), 0, atol=1e-5)
+        np.testing.assert_allclose(store.summary_bias[ikv][1:], shared.summary_bias[ikv], rtol=1e-5)
+        assert np.abs(offset[1:]).max() > 0.01
+    again = SpanStore(2, n_kv, d, cfg)
+    again.load_plain(store.to_plain())
+    for a, b in zip(again.head_offset, store.head_offset):
+        np.testing.assert_array_equal(a, b)
+    store.truncate(2)
+    assert all(o.shape == (2, 2 * n_kv) for o in store.head_offset)
