@@ -53,77 +53,76 @@ def test_minus_inf_bias_equals_release(open_session, tiny_llama, flash_attn):
     np.testing.assert_array_equal(s2.decode(toks[-1:]), full_kv_logits(open_session, tiny_llama, text, **CFG, flash_attn=flash_attn))
 
 
+class _BiasedCase:
+    """A tiny model (llama or Gemma 3 iSWA) prefilled with ``offset``'s prose and the per-layer bias on; ``check``
+    decodes its last token and compares the logits with the reference forward pass's under the biases asked for."""
+
+    def __init__(self, open_session, path, gemma: bool, flash_attn: bool, offset: int):
+        self.gemma, self.spec = gemma, GEMMA_SPEC if gemma else LLAMA_SPEC
+        self.s, self.toks = _prefilled(open_session, path, prose(120, offset=offset), flash_attn=flash_attn)
+        self.cells = seq_cells(self.s)
+        self.s.hook.enable_bias()
+        self.weights = tiny_weights(self.spec, gemma)
+
+    def reference(self, bias: dict[int, np.ndarray] | None = None) -> np.ndarray:
+        """The reference's last logits with ``bias`` on each layer's last row (``forward``'s ``last_row_bias``)."""
+        return forward(self.weights, self.spec, self.toks, self.gemma, last_row_bias=bias)[1][-1]
+
+    def check(self, bias: dict[int, np.ndarray]) -> tuple[np.ndarray, float]:
+        """The reference's logits under ``bias`` and the decoded logits' largest error against them (asserted
+        small)."""
+        got, want = self.s.decode(self.toks[-1:]), self.reference(bias)
+        err = float(np.abs(got - want).max())
+        assert err < 2e-3 * np.abs(want).max(), err
+        return want, err
+
+
+def _case(open_session, tiny_llama, tiny_gemma, model, flash_attn, offset) -> _BiasedCase:
+    return _BiasedCase(open_session, tiny_gemma if model == "gemma" else tiny_llama, model == "gemma", flash_attn,
+                       offset)
+
+
 @pytest.mark.parametrize("model", ["llama", "gemma"])
 @PATHS
 def test_per_layer_bias_matches_reference(open_session, tiny_llama, tiny_gemma, model, flash_attn):
     """A bias that differs between layers (finite values, -inf holes) acts on each layer separately."""
-    gemma = model == "gemma"
-    spec = GEMMA_SPEC if gemma else LLAMA_SPEC
-    s, toks = _prefilled(open_session, tiny_gemma if gemma else tiny_llama, prose(120, offset=2000),
-                         flash_attn=flash_attn)
-    n = len(toks)
-    cells = seq_cells(s)
-    rng = np.random.default_rng(1)
-    s.hook.enable_bias()
+    case = _case(open_session, tiny_llama, tiny_gemma, model, flash_attn, offset=2000)
+    s, n, rng = case.s, len(case.toks), np.random.default_rng(1)
     ref_bias: dict[int, np.ndarray] = {}
     for layer in s.hook.layers:
         b = np.round(rng.uniform(-3, 3, n - 1) * 4) / 4  # quarter steps: exact in f16
         b[rng.choice(n - 1, size=20, replace=False)] = -np.inf
         if layer.ikv == 0:
             b[:] = 0.0  # first hooked layer unbiased, the others biased: the bias must be per layer
-        s.hook.set_bias_cells(layer.ikv, cells, b)
-        np.testing.assert_array_equal(s.hook.get_bias(layer.ikv)[cells], b.astype(np.float32))
+        s.hook.set_bias_cells(layer.ikv, case.cells, b)
+        np.testing.assert_array_equal(s.hook.get_bias(layer.ikv)[case.cells], b.astype(np.float32))
         ref_bias[layer.il] = np.append(b, 0.0)  # the new token's own cell is unbiased (its bias stays 0)
-    got = s.decode(toks[-1:])
-
-    weights = tiny_weights(spec, gemma)
-    _, want = forward(weights, spec, toks, gemma, last_row_bias=ref_bias)
-    _, unbiased = forward(weights, spec, toks, gemma)
-    scale = np.abs(want[-1]).max()
-    err = np.abs(got - want[-1]).max()
-    assert err < 2e-3 * scale, err
-    assert np.abs(unbiased[-1] - want[-1]).max() > 20 * err  # the test can tell biased from unbiased
-
+    want, err = case.check(ref_bias)
+    assert np.abs(case.reference() - want).max() > 20 * err  # the test can tell biased from unbiased
     # the same bias on every layer is not what was asked for
-    _, all_layers = forward(weights, spec, toks, gemma,
-                            last_row_bias={il: ref_bias[max(ref_bias)] for il in ref_bias})
-    assert np.abs(all_layers[-1] - want[-1]).max() > 20 * err
+    assert np.abs(case.reference({il: ref_bias[max(ref_bias)] for il in ref_bias}) - want).max() > 20 * err
 
 
 @pytest.mark.parametrize("model", ["llama", "gemma"])
 @PATHS
 def test_per_head_bias_matches_reference(open_session, tiny_llama, tiny_gemma, model, flash_attn):
     """A per-head bias adds to each query head's scores on top of the per-layer bias (-inf holes stay masked)."""
-    gemma = model == "gemma"
-    spec = GEMMA_SPEC if gemma else LLAMA_SPEC
-    s, toks = _prefilled(open_session, tiny_gemma if gemma else tiny_llama, prose(120, offset=3000),
-                         flash_attn=flash_attn)
-    n = len(toks)
-    cells = seq_cells(s)
-    rng = np.random.default_rng(2)
-    s.hook.enable_bias()
+    case = _case(open_session, tiny_llama, tiny_gemma, model, flash_attn, offset=3000)
+    s, n, rng = case.s, len(case.toks), np.random.default_rng(2)
     s.hook.enable_head_bias()
     ref_bias: dict[int, np.ndarray] = {}
     for layer in s.hook.layers:
         b = np.round(rng.uniform(-2, 2, n - 1) * 4) / 4                     # [n-1] per layer, exact in f16
         b[rng.choice(n - 1, size=15, replace=False)] = -np.inf
         hb = np.round(rng.uniform(-2, 2, (n - 1, layer.n_head)) * 4) / 4    # [n-1, H] per head
-        s.hook.set_bias_cells(layer.ikv, cells, b)
-        s.hook.set_head_bias_cells(layer.ikv, cells, hb)
-        np.testing.assert_array_equal(s.hook.get_head_bias(layer.ikv)[:, cells], hb.T.astype(np.float32))
+        s.hook.set_bias_cells(layer.ikv, case.cells, b)
+        s.hook.set_head_bias_cells(layer.ikv, case.cells, hb)
+        np.testing.assert_array_equal(s.hook.get_head_bias(layer.ikv)[:, case.cells], hb.T.astype(np.float32))
         ref_bias[layer.il] = np.append(b[None, :] + hb.T, np.zeros((layer.n_head, 1)), axis=1)  # [H, n]
-    got = s.decode(toks[-1:])
-
-    weights = tiny_weights(spec, gemma)
-    _, want = forward(weights, spec, toks, gemma, last_row_bias=ref_bias)
-    scale = np.abs(want[-1]).max()
-    err = np.abs(got - want[-1]).max()
-    assert err < 2e-3 * scale, err
+    want, err = case.check(ref_bias)
     # the mean over heads on every head is not what was asked for
-    _, shared = forward(weights, spec, toks, gemma,
-                        last_row_bias={il: np.broadcast_to(r.mean(axis=0), r.shape) for il, r in ref_bias.items()})
-    assert np.abs(shared[-1] - want[-1]).max() > 20 * err
-
+    shared = {il: np.broadcast_to(r.mean(axis=0), r.shape) for il, r in ref_bias.items()}
+    assert np.abs(case.reference(shared) - want).max() > 20 * err
 
 def test_per_head_bias_equal_heads_is_the_layer_bias(open_session, tiny_llama):
     """The same value on every head is the per-layer bias, bit for bit; switching the per-head bias off drops it."""

@@ -141,16 +141,24 @@ def test_the_store_fits_only_the_parts_asked_for(parts):
         SekvConfig(summary_calibration_parts="keys")
 
 
-def test_a_bias_quantile_takes_that_quantile_of_the_gaps_over_queries_and_heads():
-    rng = np.random.default_rng(3)
-    L, n_kv, group, d, m = 20, 2, 2, 8, 6
+def _one_span(seed: int, L: int, n_kv: int, group: int, d: int, m: int) -> tuple[np.ndarray, ...]:
+    """A random span's keys and values f32 [L, Hkv, d], their mean key [Hkv, d] and m queries [m, H, d]."""
+    rng = np.random.default_rng(seed)
     k, v = rng.normal(size=(L, n_kv, d)).astype(np.float32), rng.normal(size=(L, n_kv, d)).astype(np.float32)
-    k_sum = k.mean(axis=0)                                                   # [Hkv, d]
-    q = (2.0 * rng.normal(size=(m, n_kv * group, d))).astype(np.float32)    # [m, H, d]
-    # each query and head's gap, written out: logsumexp_t q.k_t - q.k_sum over the head's KV head
-    kv_of = np.arange(n_kv * group) // group
-    gaps = np.array([[np.logaddexp.reduce(k[:, kv_of[h]] @ q[i, h]) - k_sum[kv_of[h]] @ q[i, h]
-                      for h in range(n_kv * group)] for i in range(m)])      # [m, H]
+    return k, v, k.mean(axis=0), (2.0 * rng.normal(size=(m, n_kv * group, d))).astype(np.float32)
+
+
+def _gaps(k: np.ndarray, k_sum: np.ndarray, q: np.ndarray, group: int) -> np.ndarray:
+    """Each query's and head's gap written out, f64 [m, H]: logsumexp_t q.k_t - q.k_sum over the head's KV head (k
+    [L, Hkv, d], k_sum [Hkv, d], q [m, H, d], ``group`` query heads per KV head)."""
+    return np.array([[np.logaddexp.reduce(k[:, h // group] @ q[i, h]) - k_sum[h // group] @ q[i, h]
+                      for h in range(q.shape[1])] for i in range(q.shape[0])])
+
+
+def test_a_bias_quantile_takes_that_quantile_of_the_gaps_over_queries_and_heads():
+    group = 2
+    k, v, k_sum, q = _one_span(3, L=20, n_kv=2, group=group, d=8, m=6)
+    gaps = _gaps(k, k_sum, q, group)                                          # [m, H]
     (mean,), (value,) = calibrated_summaries([k], [v], k_sum[None], q)
     assert mean == pytest.approx(gaps.mean(), rel=1e-5)
     for quantile in (0.0, 0.25, 1.0):
@@ -183,15 +191,10 @@ def test_a_bias_share_fits_only_the_spans_the_queries_read_most():
 
 
 def test_a_bias_per_head_is_each_heads_mean_gap_and_their_mean_the_shared_bias():
-    rng = np.random.default_rng(6)
-    L, n_kv, group, d, m = 14, 2, 3, 8, 5
-    k, v = rng.normal(size=(L, n_kv, d)).astype(np.float32), rng.normal(size=(L, n_kv, d)).astype(np.float32)
-    k_sum = k.mean(axis=0)                                                   # [Hkv, d]
-    q = (2.0 * rng.normal(size=(m, n_kv * group, d))).astype(np.float32)    # [m, H, d]
+    L, group = 14, 3
+    k, v, k_sum, q = _one_span(6, L=L, n_kv=2, group=group, d=8, m=5)
     q[:, 4] *= 4.0                                                           # one head reads the span sharply
-    kv_of = np.arange(n_kv * group) // group
-    gaps = np.array([[np.logaddexp.reduce(k[:, kv_of[h]] @ q[i, h]) - k_sum[kv_of[h]] @ q[i, h]
-                      for h in range(n_kv * group)] for i in range(m)])      # [m, H]
+    gaps = _gaps(k, k_sum, q, group)                                          # [m, H]
     (shared,), (value,) = calibrated_summaries([k], [v], k_sum[None], q)
     (per_head,), (same_value,) = calibrated_summaries([k], [v], k_sum[None], q, per_head=True)
     np.testing.assert_allclose(per_head, gaps.mean(axis=0), rtol=1e-5)       # [H]
