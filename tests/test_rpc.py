@@ -190,6 +190,8 @@ def test_bias(rpc_session, tiny_llama, tiny_gemma, flash_attn):
     test_hook_bias.test_minus_inf_bias_equals_release(rpc_session, tiny_llama, flash_attn)
     for model in ("llama", "gemma"):
         test_hook_bias.test_per_layer_bias_matches_reference(rpc_session, tiny_llama, tiny_gemma, model, flash_attn)
+        test_hook_bias.test_per_head_bias_matches_reference(rpc_session, tiny_llama, tiny_gemma, model, flash_attn)
+    test_hook_bias.test_claim_and_release_zero_the_per_head_bias(rpc_session, tiny_llama)
 
 
 def test_query_capture(rpc_session, tiny_llama, tiny_gemma):
