@@ -361,8 +361,8 @@ class SekvConfig:
         False, "summary_calibration's bias fitted per query head (the mean over the probes of each head's gap), not "
                "one number per span and layer: the per-layer bias holds the mean over heads and the hook's per-head "
                "bias (patch 0008) each head's difference from it, so each hooked layer's KQ mask becomes one per "
-               "head (n_head times the mask's bytes in the compute buffer). Needs summary_calibration on and its "
-               "bias fitted (summary_calibration_parts both or bias)")
+               "head (n_head times the mask's bytes in the compute buffer). Needs summary_calibration \"prefill\" "
+               "and its bias fitted (summary_calibration_parts both or bias)")
     chunk_probes: int = setting(16, "how many of a chunk decode's tokens route it (chunk_routing): the queries of "
                                     "that many tokens, evenly spaced and ending at its last (captured in the graph), "
                                     "score every span by its best probe, so spans any part of the chunk reads are "
@@ -438,10 +438,10 @@ class SekvConfig:
             raise ValueError(f"summary_bias_quantile must be in [0, 1] or None, got {self.summary_bias_quantile}")
         if not 0 < self.summary_bias_share <= 1:
             raise ValueError(f"summary_bias_share must be in (0, 1], got {self.summary_bias_share}")
-        if self.summary_bias_heads and (self.summary_calibration == "off" or self.summary_calibration_parts == "value"):
-            raise ValueError("summary_bias_heads needs summary_calibration prefill or always with its bias fitted "
-                             f"(summary_calibration_parts both or bias), got {self.summary_calibration!r} / "
-                             f"{self.summary_calibration_parts!r}")
+        if self.summary_bias_heads and (self.summary_calibration != "prefill" or self.summary_calibration_parts == "value"):
+            raise ValueError("summary_bias_heads needs summary_calibration prefill (the per-head bias is on the device "
+                             "only while a prompt streams) with its bias fitted (summary_calibration_parts both or "
+                             f"bias), got {self.summary_calibration!r} / {self.summary_calibration_parts!r}")
         if self.host_format not in HOST_FORMATS:
             raise ValueError(f"host_format must be one of {', '.join(HOST_FORMATS)}, got {self.host_format!r}")
         if self.block_tokens < 1:

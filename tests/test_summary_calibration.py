@@ -243,6 +243,8 @@ def test_a_policy_gives_summary_cells_their_per_head_bias_while_the_prompt_strea
         SekvConfig(summary_bias_heads=True)
     with pytest.raises(ValueError, match="summary_bias_heads"):
         SekvConfig(summary_bias_heads=True, summary_calibration="prefill", summary_calibration_parts="value")
+    with pytest.raises(ValueError, match="summary_bias_heads"):  # a device state put back would not hold them
+        SekvConfig(summary_bias_heads=True, summary_calibration="always")
 
 
 def test_the_store_keeps_per_head_offsets_around_the_shared_bias_and_saves_them():

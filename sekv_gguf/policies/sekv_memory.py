@@ -263,15 +263,15 @@ class SekvMemory:
         return self.store.summary_bias[ikv] if self.fitted_bias else None
 
     def use_fitted_bias(self, on: bool) -> None:
-        """Give every summary row that is not zoomed its fitted bias (``on``) or log|S|, in every layer."""
-        if on == self.fitted_bias or not self.summary_rows:
+        """Give every summary row that is not zoomed its fitted bias (``on``) or log|S|, in every layer; with
+        ``summary_bias_heads`` every summary row its per-head offsets or zeros, written whenever asked (a device
+        state put back by ``DeviceState.put`` holds none: claiming a cell zeroes them)."""
+        if not self.summary_rows or not len(self.store) and on == self.fitted_bias:
             return
-        self.fitted_bias = on
-        if not len(self.store):
-            return
+        changed, self.fitted_bias = on != self.fitted_bias, on
         cells = np.array([s.summary_cell for s in self.store.spans], dtype=np.int32)        # [S]
         log_len = np.log(self.store.lengths)
-        for ikv, resident in enumerate(self.zoom.resident):
+        for ikv, resident in enumerate(self.zoom.resident if changed and len(self.store) else []):
             out = np.ones(cells.size, dtype=bool)
             out[list(resident)] = False                                                      # zoomed: stays -inf
             out &= cells >= 0
